@@ -1,0 +1,153 @@
+"""`fused_local_head`: argument checks and dispatch (CUDA -> Triton, CPU -> reference).
+
+backend="auto" takes the Triton kernel for CUDA tensors, and for CPU tensors when
+TRITON_INTERPRET=1 (fp32/bf16/fp16 only); otherwise the pure-PyTorch reference.
+"triton" and "torch" force one. Nothing here synchronises with the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+
+from erase_triton.kernels.launch import LaunchConfig, interpreting
+from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, local_head_launch
+
+from . import reference
+from .reference import LocalHeadResult
+
+__all__ = ["LocalHeadResult", "fused_local_head", "LaunchConfig"]
+
+_LOSSES = ("bce", "ce", "mse")
+_REDUCTIONS = ("mean", "sum")
+_BACKENDS = ("auto", "triton", "torch")
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_TARGETS = (torch.int64, torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _config(occupancy) -> LaunchConfig:
+    return LaunchConfig(occupancy=occupancy)
+
+
+def _fail(msg: str):
+    raise ValueError(msg)
+
+
+def check_args(h, weight, bias, target, loss, reduction):
+    """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
+    if loss not in _LOSSES:
+        _fail(f"loss must be one of {_LOSSES}, got {loss!r}")
+    if reduction not in _REDUCTIONS:
+        _fail(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    for name, t in (("h", h), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if h.dim() < 1 or not h.is_floating_point():
+        _fail(f"h must be a floating tensor [..., D], got shape {tuple(h.shape)} dtype {h.dtype}")
+    if weight.dim() != 2 or not weight.is_floating_point():
+        _fail(f"weight must be a floating tensor [C, D], got shape {tuple(weight.shape)} dtype {weight.dtype}")
+    C, D = weight.shape
+    if h.shape[-1] != D:
+        _fail(f"h must be [..., {D}] to match weight [C={C}, D={D}], got {tuple(h.shape)}")
+    if bias is not None and (tuple(bias.shape) != (C,) or not bias.is_floating_point()):
+        _fail(f"bias must be a floating tensor [{C}] or None, got shape {tuple(bias.shape)} dtype {bias.dtype}")
+    for name, t in (("weight", weight), ("bias", bias), ("target", target)):
+        if t is not None and t.device != h.device:
+            _fail(f"{name} is on {t.device} but h is on {h.device}; all must share one device")
+    lead = tuple(h.shape[:-1])
+    if loss == "ce":
+        if target.dtype not in _INT_TARGETS:
+            _fail(f"target must be int64 or int32 class ids for loss='ce', got dtype {target.dtype}")
+        if tuple(target.shape) != lead:
+            _fail(f"target must have shape {lead} (h's leading dims) for loss='ce', got {tuple(target.shape)}")
+        if C < 2:
+            _fail(f"loss='ce' needs weight with C >= 2 classes, got C={C}")
+    else:
+        if not target.is_floating_point():
+            _fail(f"target must be a floating tensor for loss={loss!r}, got dtype {target.dtype}")
+        ok = tuple(target.shape) == lead + (C,) or (C == 1 and tuple(target.shape) == lead)
+        if not ok:
+            want = f"{lead + (C,)}" + (f" or {lead}" if C == 1 else "")
+            _fail(f"target must have shape {want} for loss={loss!r}, got {tuple(target.shape)}")
+    N = math.prod(lead)
+    return N, D, C
+
+
+def _use_triton(h, backend) -> bool:
+    if backend not in _BACKENDS:
+        _fail(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    runnable = h.is_cuda or (h.device.type == "cpu" and interpreting())
+    if backend == "triton":
+        if not runnable:
+            _fail("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
+        return True
+    return runnable and h.dtype in _KERNEL_DTYPES
+
+
+def _check_kernel_limits(h, weight, bias, loss, C):
+    if h.dtype not in _KERNEL_DTYPES:
+        _fail(f"h must be float32, bfloat16 or float16 for the Triton kernel, got {h.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in _KERNEL_DTYPES:
+            _fail(f"{name} must be float32, bfloat16 or float16 for the Triton kernel, got {t.dtype}")
+    if loss in ("bce", "mse") and C > MAX_DENSE_C:
+        _fail(f"loss={loss!r} supports 1 <= C <= {MAX_DENSE_C} outputs, got weight with C={C}")
+    if loss == "ce" and C > MAX_VOCAB:
+        _fail(f"loss='ce' supports up to {MAX_VOCAB} classes, got weight with C={C}")
+
+
+def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, backend, config,
+                    grad_weight, grad_bias, accumulate):
+    """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h)."""
+    N, D, C = check_args(h, weight, bias, target, loss, reduction)
+    if N == 0 or not _use_triton(h, backend):
+        r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index)
+        if accumulate:
+            grad_weight.add_(r.grad_weight)
+            if grad_bias is not None:
+                grad_bias.add_(r.grad_bias)
+        else:
+            grad_weight.copy_(r.grad_weight)
+            if grad_bias is not None:
+                grad_bias.copy_(r.grad_bias)
+        return r.loss.float() if r.loss.dtype != torch.float64 else r.loss, r.grad_h
+    _check_kernel_limits(h, weight, bias, loss, C)
+    h2 = h.reshape(N, D)
+    if h2.stride(1) != 1:
+        h2 = h2.contiguous()
+    y = target.reshape(N) if loss == "ce" else target.reshape(N, C)
+    if not y.is_contiguous():
+        y = y.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    loss_t, grad_h = local_head_launch(h2, w, bias, y, loss, reduction, ignore_index, config,
+                                      grad_weight, grad_bias, accumulate)
+    return loss_t, grad_h.view(h.shape)
+
+
+def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
+                     ignore_index=-100, backend="auto", config: LaunchConfig | None = None) -> LocalHeadResult:
+    """Loss and every gradient of ``loss(h @ weight.T + bias, target)`` in one launch.
+
+    h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None.
+    target: "bce"/"mse" float [..., C] (or [...] when C == 1); "ce" int [...] class ids,
+    rows equal to ignore_index are skipped (and leave the mean's denominator).
+    Returns LocalHeadResult(loss fp32 0-dim, grad_h contiguous like h, grad_weight like
+    weight, grad_bias like bias or None). `occupancy` is the fraction of SMs the
+    persistent grid may fill (None: all); `config` sets tile sizes as well.
+    """
+    cfg = config if config is not None else _config(occupancy)
+    if config is not None and occupancy is not None:
+        cfg = dataclasses.replace(config, occupancy=occupancy)
+    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    grad_bias = torch.empty_like(bias) if bias is not None else None
+    loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
+                                     ignore_index=ignore_index, backend=backend, config=cfg,
+                                     grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False)
+    return LocalHeadResult(loss_t, grad_h, grad_weight, grad_bias)

@@ -1,0 +1,110 @@
+"""`LocalHead`: a detach point with a fused local loss.
+
+Call it where a block ends: ``h = head(h, target)``. In training it computes the
+head's loss and all its gradients in one fused launch on ``h.detach()``, adds
+grad_weight/grad_bias into the parameters' ``.grad``, back-propagates grad_h into
+the block that produced ``h`` at once, and returns ``h.detach()`` for the next
+block. Under an active `Scheduler` the mode decides ("e2e" turns non-final heads
+into identities; "erase" moves the backward onto the segment's stream).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from erase_triton.kernels.launch import LaunchConfig
+
+from . import scheduler as _sched
+from .functional import local_head_into
+
+__all__ = ["LocalHead"]
+
+
+class LocalHead(nn.Module):
+    """Linear(in_features, out_features) + loss, fused, at a detach point.
+
+    loss: "bce" (1..64 sigmoid labels), "ce" (2..131072 classes), "mse".
+    final=True marks the model's top head: active in every mode, and in "e2e" the
+    only active head, whose gradient then flows through the whole model.
+    occupancy: fraction of SMs for the fused kernel's persistent grid (None: all).
+    """
+
+    def __init__(self, in_features: int, out_features: int = 1, loss: str = "bce", *, bias: bool = True,
+                 occupancy: float | None = None, final: bool = False, reduction: str = "mean",
+                 ignore_index: int = -100, backend: str = "auto", config: LaunchConfig | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        if loss not in ("bce", "ce", "mse"):
+            raise ValueError(f"loss must be 'bce', 'ce' or 'mse', got {loss!r}")
+        if loss == "ce" and out_features < 2:
+            raise ValueError(f"out_features must be >= 2 for loss='ce', got {out_features}")
+        self.in_features, self.out_features, self.loss = in_features, out_features, loss
+        self.final, self.reduction, self.ignore_index, self.backend = final, reduction, ignore_index, backend
+        self.config = config if config is not None else LaunchConfig(occupancy=occupancy)
+        if occupancy is not None and config is not None:
+            raise ValueError("pass either occupancy or config, not both")
+        kw = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
+        self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+        self.reset_parameters()
+        self.last_loss: torch.Tensor | None = None
+
+    def reset_parameters(self):
+        # nn.Linear's initialisation, so a swap-in replacement trains the same.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, loss={self.loss!r}, "
+                f"bias={self.bias is not None}, final={self.final}, occupancy={self.config.occupancy}")
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Plain forward of the head (for evaluation and prediction)."""
+        return F.linear(h, self.weight, self.bias)
+
+    def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return h
+        sched = _sched.current()
+        mode = sched.mode if sched is not None else "sequential"
+        if mode == "e2e" and not self.final:
+            return h
+        if sched is not None:
+            return sched.detach_point(self, h, target)
+        return self.apply_loss(h, target)
+
+    def apply_loss(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Fused loss + grads on the current stream; backward into h's producer; returns h.detach()."""
+        w, b = self.weight, self.bias
+        acc_w = w.grad is not None
+        gw = w.grad if acc_w else torch.empty_like(w, memory_format=torch.contiguous_format)
+        gb = None
+        acc_b = False
+        if b is not None:
+            acc_b = b.grad is not None
+            gb = b.grad if acc_b else torch.empty_like(b)
+        if acc_w != acc_b and b is not None:
+            # Mixed state (one .grad set, one None): keep each exact by materialising the other.
+            if not acc_w:
+                gw.zero_()
+            else:
+                gb.zero_()
+            acc_w = acc_b = True
+        hd = h.detach()
+        loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
+                                       loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
+                                       backend=self.backend, config=self.config,
+                                       grad_weight=gw, grad_bias=gb, accumulate=acc_w)
+        if w.grad is None:
+            w.grad = gw
+        if b is not None and b.grad is None:
+            b.grad = gb
+        self.last_loss = loss
+        if h.requires_grad:
+            torch.autograd.backward(h, grad_h)
+        return hd

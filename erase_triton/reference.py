@@ -1,0 +1,52 @@
+"""Pure-PyTorch reference of every kernel (runs in float64 when given float64).
+
+`local_head` has the same signature and result as `erase_triton.fused_local_head`;
+it is the `backend="torch"` path and the oracle of the tests.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LocalHeadResult", "local_head"]
+
+
+class LocalHeadResult(NamedTuple):
+    loss: torch.Tensor                    # 0-dim fp32 (fp64 for fp64 inputs)
+    grad_h: torch.Tensor                  # h's shape and dtype, contiguous
+    grad_weight: torch.Tensor             # weight's shape and dtype
+    grad_bias: Optional[torch.Tensor]     # bias's shape and dtype, or None
+
+
+def head_loss(logits: torch.Tensor, target: torch.Tensor, loss: str, reduction: str, ignore_index: int):
+    """Loss of [N, C] logits; the single definition shared by reference and models."""
+    if loss == "bce":
+        return F.binary_cross_entropy_with_logits(logits, target.to(logits.dtype), reduction=reduction)
+    if loss == "mse":
+        return F.mse_loss(logits, target.to(logits.dtype), reduction=reduction)
+    return F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction=reduction)
+
+
+def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
+               ignore_index=-100, backend="torch") -> LocalHeadResult:
+    """Linear head + loss + autograd, computed at the inputs' precision."""
+    del occupancy, backend  # accepted for signature parity with fused_local_head
+    D = h.shape[-1]
+    C = weight.shape[0]
+    hh = h.detach().reshape(-1, D).requires_grad_(True)
+    w = weight.detach().requires_grad_(True)
+    b = bias.detach().requires_grad_(True) if bias is not None else None
+    z = F.linear(hh, w, b)
+    y = target.reshape(-1) if loss == "ce" else target.reshape(-1, C)
+    out = head_loss(z, y, loss, reduction, ignore_index)
+    leaves = [hh, w] + ([b] if b is not None else [])
+    grads = torch.autograd.grad(out, leaves)
+    loss_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
+    return LocalHeadResult(
+        out.detach().to(loss_dtype),
+        grads[0].reshape(h.shape).contiguous(),
+        grads[1],
+        grads[2] if b is not None else None,
+    )

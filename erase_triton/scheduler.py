@@ -1,0 +1,211 @@
+"""Scheduler: the same model code in three modes, and early backward on a stream ring.
+
+    sched = Scheduler("erase")
+    with sched.step():
+        model(x, y)          # LocalHeads inside back-propagate at their detach points
+    opt.step()
+
+* e2e:        non-final heads are identities; the final head back-propagates through
+              the whole model (the ordinary baseline).
+* sequential: every head back-propagates into its block at once, on one stream.
+* erase:      the forward segment between two detach points runs on its own stream of a
+              ring; its head and backward are queued there right away, and the next
+              segment waits only on an event recorded when the segment's forward ended,
+              so backward i overlaps forward i+1. Leaving step() joins every stream
+              into the caller's stream. Without CUDA: sequential semantics.
+
+The plan (which segment runs on which stream, which events order what) is `RingPlan`,
+pure Python and unit-tested on CPU; `step()` carries it out and logs it in
+`last_trace`. `capture()` records a whole step in a CUDA graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import torch
+
+__all__ = ["Scheduler", "RingPlan", "current"]
+
+MODES = ("e2e", "sequential", "erase")
+_local = threading.local()
+
+
+def current() -> "Scheduler | None":
+    """The scheduler whose step() is active in this thread, if any."""
+    return getattr(_local, "active", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingPlan:
+    """Where segment i runs and what it waits on. Pure; no CUDA."""
+
+    n_streams: int
+
+    def stream_of(self, segment: int) -> int:
+        return segment % self.n_streams
+
+    def bwd_after(self, segment: int, leaves: frozenset, earlier: dict) -> list[int]:
+        """Earlier segments whose backward must finish before this one's: those that
+        accumulate .grad into a leaf this segment also reaches, on another stream."""
+        mine = self.stream_of(segment)
+        return [j for j, lv in earlier.items() if j != segment and self.stream_of(j) != mine and lv & leaves]
+
+
+def _leaves_of(t: torch.Tensor) -> frozenset:
+    """ids of the leaf tensors whose .grad a backward from t accumulates into."""
+    seen, out, stack = set(), set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if var is not None:
+            out.add(id(var))
+        stack.extend(f for f, _ in fn.next_functions)
+    return frozenset(out)
+
+
+class Scheduler:
+    """Runs LocalHead detach points in one of MODES; see the module docstring.
+
+    streams: ring size for "erase" (default: one stream per segment, up to 8 are
+    created on demand). device: the CUDA device (default: current).
+    """
+
+    def __init__(self, mode: str = "erase", streams: int | None = None, device=None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if streams is not None and (not isinstance(streams, int) or streams < 1):
+            raise ValueError(f"streams must be a positive int or None, got {streams!r}")
+        self.mode = mode
+        self.n_streams = streams
+        self.device = device
+        self._streams: list = []
+        self._leaf_cache: dict = {}
+        self.last_trace: list = []
+        self._in_step = False
+
+    # ------------------------------------------------------------------ the step
+    def _use_streams(self) -> bool:
+        return self.mode == "erase" and torch.cuda.is_available() and self._cuda_device is not None
+
+    def _ring_stream(self, k: int):
+        while len(self._streams) <= k:
+            self._streams.append(torch.cuda.Stream(device=self._cuda_device))
+        return self._streams[k]
+
+    @contextlib.contextmanager
+    def step(self):
+        """Context around one training step's forward (with LocalHeads inside)."""
+        if self._in_step:
+            raise RuntimeError("Scheduler.step() is not re-entrant")
+        if current() is not None:
+            raise RuntimeError("another Scheduler.step() is active in this thread")
+        self._cuda_device = None
+        if self.mode == "erase" and torch.cuda.is_available():
+            self._cuda_device = torch.device("cuda", torch.cuda.current_device()) if self.device is None \
+                else torch.device(self.device)
+        self._plan = RingPlan(self.n_streams or 8)
+        self._seg = 0
+        self._keep = []          # tensors read on a stream other than their allocator's
+        self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
+        self._seg_leaves = {}
+        self.last_trace = []
+        _local.active = self
+        self._in_step = True
+        caller = None
+        try:
+            if self._use_streams():
+                caller = torch.cuda.current_stream(self._cuda_device)
+                s0 = self._ring_stream(0)
+                s0.wait_stream(caller)
+                torch.cuda.set_stream(s0)
+            self.last_trace.append(("fwd", 0, self._plan.stream_of(0)))
+            yield self
+        finally:
+            try:
+                if caller is not None:
+                    used = {self._plan.stream_of(i) for i in range(self._seg + 1)}
+                    for k in sorted(used):
+                        caller.wait_stream(self._ring_stream(k))
+                        self.last_trace.append(("join", k))
+                    torch.cuda.set_stream(caller)
+                self._keep = []
+                self._bwd_events = {}
+            finally:
+                _local.active = None
+                self._in_step = False
+
+    def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
+        seg = self._seg
+        if self.mode != "erase":
+            self.last_trace.append(("bwd", seg, 0, ()))
+            self._seg += 1
+            return head.apply_loss(h, target)
+        plan = self._plan
+        key = (id(head), seg)
+        leaves = self._leaf_cache.get(key)
+        if leaves is None:
+            leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
+            self._leaf_cache[key] = leaves
+        after = plan.bwd_after(seg, leaves, self._seg_leaves)
+        self._seg_leaves[seg] = leaves
+        self.last_trace.append(("bwd", seg, plan.stream_of(seg), tuple(after)))
+        nxt = seg + 1
+        self.last_trace.append(("fwd", nxt, plan.stream_of(nxt)))
+        self._seg = nxt
+        if not self._use_streams():
+            return head.apply_loss(h, target)
+        cur = self._ring_stream(plan.stream_of(seg))
+        fwd_done = cur.record_event()
+        for j in after:
+            cur.wait_event(self._bwd_events[j])
+        out = head.apply_loss(h, target)  # head kernel + block backward, queued on `cur`
+        self._bwd_events[seg] = cur.record_event()
+        s_next = self._ring_stream(plan.stream_of(nxt))
+        if s_next is not cur:
+            s_next.wait_event(fwd_done)
+            self._keep.append(out)
+        torch.cuda.set_stream(s_next)
+        return out
+
+    # --------------------------------------------------------------- CUDA graphs
+    def capture(self, step_fn, *static_inputs, warmup: int = 3):
+        """Capture ``with self.step(): step_fn(*static_inputs)`` in one CUDA graph.
+
+        Runs `warmup` real steps first (they train: optimizer state and lazy
+        allocations must exist before capture), then captures one step, including
+        every early backward on its stream and whatever optimizer step step_fn does.
+        Returns a callable that replays the graph and returns step_fn's output
+        (static tensors, overwritten by each replay). Copy new data into
+        static_inputs before each replay.
+        """
+        if not torch.cuda.is_available():
+            raise RuntimeError("Scheduler.capture needs CUDA")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                with self.step():
+                    step_fn(*static_inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            with self.step():
+                out = step_fn(*static_inputs)
+        return CapturedStep(graph, out)
+
+
+class CapturedStep:
+    """A captured training step: call it to replay."""
+
+    def __init__(self, graph, out):
+        self.graph, self.out = graph, out
+
+    def __call__(self):
+        self.graph.replay()
+        return self.out

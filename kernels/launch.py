@@ -1,0 +1,101 @@
+"""Launch settings for the fused local-head kernels.
+
+`LaunchConfig` is a frozen value passed to every launch, so the occupancy sweep,
+the tests and the library all run the same code path. Nothing here touches CUDA
+at import: device properties are read lazily and cached.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+import triton
+
+__all__ = ["LaunchConfig", "device_limits", "interpreting", "num_programs"]
+
+_FP32_PRECISIONS = ("ieee", "tf32")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How a fused head is launched.
+
+    occupancy:      fraction of the SMs the persistent grid may fill (0 < x <= 1);
+                    None fills the whole device.
+    block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule.
+    fp32_precision: "ieee" (exact fp32 dots, PyTorch's default) or "tf32".
+    """
+
+    occupancy: float | None = None
+    block_n: int | None = None
+    block_d: int | None = None
+    block_v: int | None = None
+    num_warps: int | None = None
+    fp32_precision: str = "ieee"
+
+    def __post_init__(self):
+        if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
+            raise ValueError(f"occupancy must be in (0, 1] or None, got {self.occupancy!r}")
+        if self.fp32_precision not in _FP32_PRECISIONS:
+            raise ValueError(f"fp32_precision must be one of {_FP32_PRECISIONS}, got {self.fp32_precision!r}")
+        for name in ("block_n", "block_d", "block_v"):
+            v = getattr(self, name)
+            if v is not None and (v < 16 or v & (v - 1)):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v!r}")
+        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (read at call time)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def device_limits(index: int) -> tuple[int, int, int]:
+    """(SM count, registers per SM, shared memory per SM in bytes) of a CUDA device."""
+    props = torch.cuda.get_device_properties(index)
+    regs = getattr(props, "regs_per_multiprocessor", 65536)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    return props.multi_processor_count, regs, smem
+
+
+# Programs per SM for a compiled kernel, keyed by (kernel name, constexpr key, device).
+_PER_SM: dict = {}
+
+
+def _programs_per_sm(compiled, num_warps: int, regs_per_sm: int, smem_per_sm: int) -> int:
+    # Same rule as Triton's fused-softmax tutorial: registers and shared memory
+    # of the compiled kernel against the SM's limits.
+    n_regs = max(int(getattr(compiled, "n_regs", 0) or 0), 1)
+    by_regs = regs_per_sm // (n_regs * 32 * num_warps)
+    shared = int(compiled.metadata.shared) if hasattr(compiled, "metadata") else 0
+    by_smem = smem_per_sm // shared if shared > 0 else by_regs
+    return max(1, min(by_regs, by_smem, 2048 // (32 * num_warps)))
+
+
+def num_programs(kernel, key, warmup, device: torch.device, num_warps: int, occupancy: float | None) -> int:
+    """Persistent grid size: occupancy x SMs, times how many programs fit on one SM.
+
+    `warmup()` compiles the kernel (only called once per key) and returns the
+    compiled object. Under the interpreter there is no device: 4 pretend SMs.
+    """
+    frac = 1.0 if occupancy is None else float(occupancy)
+    if device.type != "cuda":
+        return max(1, round(frac * 4))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sms, regs, smem = device_limits(index)
+    ck = (kernel, key, index)
+    per_sm = _PER_SM.get(ck)
+    if per_sm is None:
+        compiled = warmup()
+        if hasattr(compiled, "_init_handles"):
+            compiled._init_handles()
+        per_sm = _PER_SM[ck] = _programs_per_sm(compiled, num_warps, regs, smem)
+    return max(1, round(frac * sms)) * per_sm
+
+
+def next_pow2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))

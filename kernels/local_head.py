@@ -1,0 +1,532 @@
+"""Fused local head: logits = h W^T + b, the loss, grad_h, grad_W and grad_b in ONE launch.
+
+Two kernels share one skeleton (derivation and schedule: docs/local_head.md):
+
+* `_dense_head_kernel`  -- C <= 64 ("bce", "mse", and "ce" with few classes). A row
+  tile's logits fit in registers, so dz is known after one pass over D; grad_h is
+  written at once and grad_W is summed per *row group* into a private fp32 slot.
+* `_vocab_ce_kernel`    -- "ce" with C > 64 (vocabularies up to 128K). Phase A runs
+  over row tiles with an online log-sum-exp and accumulates grad_h = softmax @ W
+  flash-attention style; phase B runs over vocabulary tiles and sums grad_W from
+  recomputed logits and the lse saved by phase A.
+
+The grid is persistent and sized by `occupancy`. Programs *claim* work items from an
+atomic counter; a phase ends at a grid barrier (count of finished items). Because
+every claimed item belongs to a program that is already running, the barrier cannot
+deadlock even when only part of the grid is resident (e.g. beside a GEMM on another
+stream). grad_W/grad_b/loss partials are summed in a fixed order after the barrier,
+so results are bitwise reproducible: there is no atomic float addition anywhere.
+
+Counters live in a small per-stream int32 workspace; the last program to exit
+resets them, so consecutive launches on one stream need no memset.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import LaunchConfig, interpreting, next_pow2, num_programs
+
+__all__ = ["LOSSES", "local_head_launch", "MAX_DENSE_C", "MAX_VOCAB"]
+
+LOSSES = {"bce": 0, "ce": 1, "mse": 2}
+MAX_DENSE_C = 64
+MAX_VOCAB = 131072
+
+# Counter slots in the int32 workspace.
+_CLAIM0, _DONE0, _CLAIM_A, _DONE_A, _CLAIM_B, _DONE_B, _CLAIM_R, _COUNT, _EXIT = range(9)
+_N_CTR = 16
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _claim(ctr_ptr):
+    # Next work item of a phase; relaxed is enough, ordering comes from the barrier.
+    return tl.atomic_add(ctr_ptr, 1, sem="relaxed")
+
+
+@triton.jit
+def _item_done(done_ptr):
+    # Every thread's stores of this item happen before the release increment.
+    tl.debug_barrier()
+    tl.atomic_add(done_ptr, 1, sem="release")
+
+
+@triton.jit
+def _wait_all(done_ptr, n_items):
+    # Grid barrier over *claimed items*, safe with a partially resident grid.
+    done = tl.atomic_add(done_ptr, 0, sem="acquire")
+    while done < n_items:
+        done = tl.atomic_add(done_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _exit(ctr_ptr, n_programs, N_CTR: tl.constexpr):
+    # The last program out resets every counter for the next launch on this stream.
+    tl.debug_barrier()
+    if tl.atomic_add(ctr_ptr + 8, 1, sem="acq_rel") == n_programs - 1:
+        tl.store(ctr_ptr + tl.arange(0, N_CTR), tl.zeros([N_CTR], dtype=tl.int32))
+
+
+@triton.jit
+def _count_targets(y_ptr, ctr_ptr, N, ignore_index, BLOCK: tl.constexpr):
+    # Phase 0 of a mean CE: number of rows whose target is not ignore_index.
+    n_items = tl.cdiv(N, BLOCK)
+    item = _claim(ctr_ptr + 0)
+    while item < n_items:
+        o_n = tl.arange(0, BLOCK).to(tl.int64) + item * BLOCK
+        b_y = tl.load(y_ptr + o_n, mask=o_n < N, other=ignore_index)
+        tl.atomic_add(ctr_ptr + 7, tl.sum((b_y != ignore_index).to(tl.int32), 0), sem="relaxed")
+        _item_done(ctr_ptr + 1)
+        item = _claim(ctr_ptr + 0)
+    _wait_all(ctr_ptr + 1, n_items)
+    count = tl.atomic_add(ctr_ptr + 7, 0, sem="acquire")
+    return 1.0 / count.to(tl.float32)
+
+
+@triton.jit
+def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+    # The interpreter computes bf16/fp16 dots wrongly: upcast there (DOT_FP32).
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _store_grad(p_out, val, mask, ACCUMULATE: tl.constexpr):
+    # val is fp32; ACCUMULATE adds onto what the parameter's .grad already holds.
+    if ACCUMULATE:
+        val += tl.load(p_out, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p_out, val.to(p_out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, G, C, D, c0, d0, with_bias,
+                     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+                     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    # grad_W[c0:c0+BC, d0:d0+BR] = sum over g, in order, of part[g]  (deterministic)
+    o_c = c0 + tl.arange(0, BLOCK_C)
+    o_d = d0 + tl.arange(0, BLOCK_R)
+    m_c = o_c < C
+    m = m_c[:, None] & (o_d < D)[None, :]
+    o = o_c.to(tl.int64)[:, None] * D + o_d[None, :]
+    b_acc = tl.zeros([BLOCK_C, BLOCK_R], dtype=tl.float32)
+    p_part = part_ptr + o
+    for g in range(0, G):
+        b_acc += tl.load(p_part, mask=m, other=0.0, cache_modifier=".cg")
+        p_part += C * D
+    _store_grad(gw_ptr + o, b_acc, m, ACCUMULATE)
+    if HAS_BIAS:
+        if with_bias:
+            b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+            for g in range(0, G):
+                b_gb += tl.load(part_b_ptr + g * C + o_c, mask=m_c, other=0.0, cache_modifier=".cg")
+            _store_grad(gb_ptr + o_c, b_gb, m_c, ACCUMULATE)
+
+
+# ----------------------------------------------------------------------- dense kernel
+@triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
+def _dense_head_kernel(
+    h_ptr,        # [N, D] input rows (unit stride along D), fp32/bf16/fp16
+    w_ptr,        # [C, D] head weight, contiguous
+    b_ptr,        # [C] head bias (unused without HAS_BIAS)
+    y_ptr,        # targets: float [N, C] (bce, mse) or int [N] (ce), contiguous
+    gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    gw_ptr,       # [C, D] out: grad_W, weight's dtype
+    gb_ptr,       # [C] out: grad_b, bias's dtype
+    loss_ptr,     # [1] out: loss, fp32
+    part_ptr,     # [G, C, D] fp32 workspace: grad_W per row group
+    part_b_ptr,   # [G, C] fp32 workspace: grad_b per row group
+    part_l_ptr,   # [G] fp32 workspace: loss sum per row group
+    ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
+    N, D, C, stride_h, ignore_index, inv_count,
+    n_tiles, n_groups, tiles_per_group, n_programs,
+    LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+):
+    if CE_MEAN:
+        scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
+    else:
+        scale = inv_count
+    o_c = tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+
+    # ---- phase A: row groups -> grad_h, and per-group partials of grad_W, grad_b, loss
+    g = _claim(ctr_ptr + 2)
+    while g < n_groups:
+        t_lo = g * tiles_per_group
+        t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
+        b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
+        b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for t in range(t_lo, t_hi):
+            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+            m_n = o_n < N
+            # pass 1: logits z [BLOCK_N, BLOCK_C]
+            b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                o_d = d0 + tl.arange(0, BLOCK_D)
+                m_d = o_d < D
+                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+                if BLOCK_C == 1:
+                    b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
+                else:
+                    b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+            if HAS_BIAS:
+                b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+            m_nc = m_n[:, None] & m_c[None, :]
+            # loss and dz = dLoss/dz, [BLOCK_N, BLOCK_C]
+            if LOSS == 1:  # softmax cross-entropy over C classes
+                b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+                m_row = m_n & (b_t != ignore_index)
+                b_zm = tl.where(m_c[None, :], b_z, float("-inf"))
+                b_max = tl.max(b_zm, axis=1)
+                b_e = tl.exp(b_zm - b_max[:, None])
+                b_s = tl.sum(b_e, axis=1)
+                b_hot = o_c[None, :] == b_t[:, None]
+                b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
+                b_loss += tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0)
+                b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * tl.where(m_row, scale, 0.0)[:, None]
+            else:
+                b_y = tl.load(y_ptr + o_n[:, None] * C + o_c[None, :], mask=m_nc, other=0.0).to(tl.float32)
+                if LOSS == 0:  # sigmoid binary cross-entropy, stable form
+                    b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
+                    b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
+                else:  # squared error
+                    b_l = (b_z - b_y) * (b_z - b_y)
+                    b_dz = 2.0 * (b_z - b_y) * scale
+                b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
+                b_dz = tl.where(m_nc, b_dz, 0.0)
+            b_gb += tl.sum(b_dz, axis=0)
+            # pass 2: grad_h = dz W, group partial of grad_W += dz^T h
+            first = t == t_lo
+            for d0 in range(0, D, BLOCK_D):
+                o_d = d0 + tl.arange(0, BLOCK_D)
+                m_d = o_d < D
+                m_cd = m_c[:, None] & m_d[None, :]
+                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
+                if BLOCK_C == 1:
+                    b_gh = b_dz * b_w.to(tl.float32)
+                    b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
+                else:
+                    b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
+                    b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
+                tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
+                         mask=m_n[:, None] & m_d[None, :])
+                p_part = part_ptr + g.to(tl.int64) * C * D + o_c[:, None] * D + o_d[None, :]
+                if not first:
+                    b_gw += tl.load(p_part, mask=m_cd, other=0.0)
+                tl.store(p_part, b_gw, mask=m_cd)
+        tl.store(part_b_ptr + g * C + o_c, b_gb, mask=m_c)
+        tl.store(part_l_ptr + g, tl.sum(b_loss, axis=0))
+        _item_done(ctr_ptr + 3)
+        g = _claim(ctr_ptr + 2)
+    _wait_all(ctr_ptr + 3, n_groups)
+
+    # ---- phase R: fixed-order sums of the partials -> grad_W, grad_b, loss
+    n_r = tl.cdiv(D, BLOCK_R)
+    r = _claim(ctr_ptr + 6)
+    while r < n_r:
+        _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, n_groups, C, D, 0, r * BLOCK_R, r == 0,
+                         HAS_BIAS, ACCUMULATE, BLOCK_C, BLOCK_R)
+        if r == 0:
+            b_tot = tl.zeros([1], dtype=tl.float32)
+            for gg in range(0, n_groups):
+                b_tot += tl.load(part_l_ptr + gg + tl.arange(0, 1), cache_modifier=".cg")
+            tl.store(loss_ptr + tl.arange(0, 1), b_tot * scale)
+        r = _claim(ctr_ptr + 6)
+    _exit(ctr_ptr, n_programs, N_CTR)
+
+
+# ------------------------------------------------------------------ vocabulary CE kernel
+@triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
+def _vocab_ce_kernel(
+    h_ptr,        # [N, D] input rows (unit stride along D)
+    w_ptr,        # [C, D] head weight, contiguous
+    b_ptr,        # [C] head bias (unused without HAS_BIAS)
+    y_ptr,        # [N] int targets (ignore_index skips a row)
+    gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    gw_ptr,       # [C, D] out: grad_W, weight's dtype
+    gb_ptr,       # [C] out: grad_b
+    loss_ptr,     # [1] out: loss, fp32
+    lse_ptr,      # [N] fp32 workspace: log-sum-exp per row (phase A -> phase B)
+    part_l_ptr,   # [n_tiles] fp32 workspace: loss sum per row tile
+    part_ptr,     # [G, C, D] fp32 workspace: grad_W per row group (only when G > 1)
+    part_b_ptr,   # [G, C] fp32 workspace: grad_b per row group (only when G > 1)
+    ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
+    N, D, C, stride_h, ignore_index, inv_count,
+    n_tiles, n_groups, tiles_per_group, n_programs,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
+    BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+):
+    if CE_MEAN:
+        scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
+    else:
+        scale = inv_count
+    n_dc = tl.cdiv(D, BLOCK_DC)
+    n_v = tl.cdiv(C, BLOCK_V)
+
+    # ---- phase A: (row tile, D chunk) -> lse, loss, grad_h = scale*(softmax(z) W - W[t])
+    n_a = n_tiles * n_dc
+    item = _claim(ctr_ptr + 2)
+    while item < n_a:
+        t = item // n_dc
+        dc = item % n_dc
+        o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+        m_n = o_n < N
+        o_dc = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        m_dc = o_dc < D
+        b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+        m_row = m_n & (b_t != ignore_index)
+        b_m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+        b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
+        b_zt = tl.zeros([BLOCK_N], dtype=tl.float32)
+        b_acc = tl.zeros([BLOCK_N, BLOCK_DC], dtype=tl.float32)
+        for v0 in range(0, C, BLOCK_V):
+            o_v = v0 + tl.arange(0, BLOCK_V)
+            m_v = o_v < C
+            b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_K):
+                o_k = k0 + tl.arange(0, BLOCK_K)
+                m_k = o_k < D
+                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+                b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
+                b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+            if HAS_BIAS:
+                b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+            b_z = tl.where(m_v[None, :], b_z, float("-inf"))
+            b_zt += tl.sum(tl.where(o_v[None, :] == b_t[:, None], b_z, 0.0), axis=1)
+            b_mnew = tl.maximum(b_m, tl.max(b_z, axis=1))
+            b_alpha = tl.exp(b_m - b_mnew)
+            b_p = tl.exp(b_z - b_mnew[:, None])
+            b_s = b_s * b_alpha + tl.sum(b_p, axis=1)
+            b_wd = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :], mask=m_v[:, None] & m_dc[None, :], other=0.0)
+            b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_wd.dtype), b_wd, DOT_FP32, PRECISION)
+            b_m = b_mnew
+        b_lse = b_m + tl.log(b_s)
+        b_wt = tl.load(w_ptr + b_t.to(tl.int64)[:, None] * D + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :], other=0.0)
+        b_gh = tl.where(m_row, scale, 0.0)[:, None] * (b_acc / b_s[:, None] - b_wt.to(tl.float32))
+        tl.store(gh_ptr + o_n[:, None] * D + o_dc[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_n[:, None] & m_dc[None, :])
+        if dc == 0:
+            tl.store(lse_ptr + o_n, b_lse, mask=m_n)
+            tl.store(part_l_ptr + t, tl.sum(tl.where(m_row, b_lse - b_zt, 0.0), axis=0))
+        _item_done(ctr_ptr + 3)
+        item = _claim(ctr_ptr + 2)
+    _wait_all(ctr_ptr + 3, n_a)
+
+    # ---- phase B: (vocab tile, row group, D chunk) -> grad_W, grad_b (or group partials)
+    n_b = n_v * n_groups * n_dc
+    item = _claim(ctr_ptr + 4)
+    while item < n_b:
+        if item == 0:
+            b_tot = tl.zeros([1], dtype=tl.float32)
+            for tt in range(0, n_tiles):
+                b_tot += tl.load(part_l_ptr + tt + tl.arange(0, 1), cache_modifier=".cg")
+            tl.store(loss_ptr + tl.arange(0, 1), b_tot * scale)
+        v = item // (n_groups * n_dc)
+        g = (item // n_dc) % n_groups
+        dc = item % n_dc
+        o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < C
+        o_dc = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        m_dc = o_dc < D
+        b_acc = tl.zeros([BLOCK_V, BLOCK_DC], dtype=tl.float32)
+        b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
+        t_lo = g * tiles_per_group
+        t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
+        for t in range(t_lo, t_hi):
+            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+            m_n = o_n < N
+            b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+            m_row = m_n & (b_t != ignore_index)
+            b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+            b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_K):
+                o_k = k0 + tl.arange(0, BLOCK_K)
+                m_k = o_k < D
+                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+                b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
+                b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+            if HAS_BIAS:
+                b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+            b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
+            b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * scale, 0.0)
+            b_hd = tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :], other=0.0)
+            b_acc += _dot(tl.trans(b_dz).to(b_hd.dtype), b_hd, DOT_FP32, PRECISION)
+            b_gb += tl.sum(b_dz, axis=0)
+        o_w = o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
+        m_w = m_v[:, None] & m_dc[None, :]
+        if n_groups == 1:
+            _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
+            if HAS_BIAS:
+                if dc == 0:
+                    _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
+        else:
+            tl.store(part_ptr + g.to(tl.int64) * C * D + o_w, b_acc, mask=m_w)
+            if dc == 0:
+                tl.store(part_b_ptr + g * C + o_v, b_gb, mask=m_v)
+        _item_done(ctr_ptr + 5)
+        item = _claim(ctr_ptr + 4)
+
+    # ---- phase R (only with several row groups): fixed-order sum over groups
+    if n_groups > 1:
+        _wait_all(ctr_ptr + 5, n_b)
+        n_r = tl.cdiv(C, BLOCK_V) * tl.cdiv(D, BLOCK_R)
+        r = _claim(ctr_ptr + 6)
+        while r < n_r:
+            rv = r // tl.cdiv(D, BLOCK_R)
+            rd = r % tl.cdiv(D, BLOCK_R)
+            _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, n_groups, C, D, rv * BLOCK_V, rd * BLOCK_R,
+                             rd == 0, HAS_BIAS, ACCUMULATE, BLOCK_V, BLOCK_R)
+            r = _claim(ctr_ptr + 6)
+    _exit(ctr_ptr, n_programs, N_CTR)
+
+
+# ------------------------------------------------------------------------------ launcher
+class _Workspace:
+    """Per-(device, stream) scratch: zeroed int32 counters + a grow-only fp32 buffer.
+
+    Launches on one stream are ordered, so they may share it; launches on other
+    streams get their own. The kernel leaves the counters at zero.
+    """
+
+    def __init__(self, device):
+        self.ctr = torch.zeros(_N_CTR, dtype=torch.int32, device=device)
+        self.buf = torch.empty(0, dtype=torch.float32, device=device)
+
+    def floats(self, n: int) -> torch.Tensor:
+        if self.buf.numel() < n:
+            self.buf = torch.empty(max(n, 2 * self.buf.numel()), dtype=torch.float32, device=self.ctr.device)
+        return self.buf
+
+
+_WORKSPACES: dict = {}
+# Tests set this: library-allocated outputs and scratch start as NaN, so an element
+# the kernel forgets to write (or reads before writing) fails loudly.
+POISON = False
+
+
+def _workspace(device: torch.device) -> _Workspace:
+    if device.type == "cuda":
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device.type, None)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = _WORKSPACES[key] = _Workspace(device)
+    return ws
+
+
+def _blocks(loss: str, N: int, D: int, C: int, dtype: torch.dtype, cfg: LaunchConfig, cuda: bool) -> dict:
+    """Host rule for tile sizes (cached per shape class by the caller's kernel cache)."""
+    dp = next_pow2(D)
+    if loss != "ce" or C <= MAX_DENSE_C:
+        block_c = 1 if C == 1 else max(16, next_pow2(C))
+        if cuda:
+            bd = cfg.block_d or min(dp, 256 if block_c <= 16 else 128)
+            bn = cfg.block_n or (64 if block_c <= 16 else 32)
+        else:  # interpreter: cost is per op, so take big tiles
+            bd = cfg.block_d or min(dp, 256)
+            bn = cfg.block_n or 64
+        return dict(BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=max(bd, 16), BLOCK_R=min(max(dp, 16), 128),
+                    num_warps=cfg.num_warps or (8 if cuda else 4))
+    if cuda:
+        bn = cfg.block_n or 64
+        bv = cfg.block_v or 64
+        bdc = cfg.block_d or min(max(dp, 16), 256)
+        bk = min(max(dp, 16), 64)
+    else:  # interpreter: fewer, bigger tiles
+        bn = cfg.block_n or 128
+        bv = cfg.block_v or 512
+        bdc = cfg.block_d or min(max(dp, 16), 256)
+        bk = min(max(dp, 16), 256)
+    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_R=min(max(dp, 16), 128),
+                num_warps=cfg.num_warps or (8 if cuda else 4))
+
+
+def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
+                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool):
+    """One launch. h2 [N, D] (unit stride on D); y already [N, C] float or [N] int.
+
+    Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
+    (loss [] fp32, grad_h [N, D] contiguous in h2's dtype).
+    """
+    N, D = h2.shape
+    C = weight.shape[0]
+    dev = h2.device
+    cuda = dev.type == "cuda"
+    ws = _workspace(dev)
+    grad_h = torch.empty((N, D), dtype=h2.dtype, device=dev)
+    loss_out = torch.empty(1, dtype=torch.float32, device=dev)
+    if POISON:
+        grad_h.fill_(float("nan"))
+        loss_out.fill_(float("nan"))
+    has_bias = bias is not None
+    b_arg = bias if has_bias else weight
+    gb_arg = grad_bias if has_bias else grad_weight
+    mean = reduction == "mean"
+    dot_fp32 = interpreting()
+    precision = "ieee" if (dot_fp32 or h2.dtype != torch.float32) else cfg.fp32_precision
+    blk = _blocks(loss, N, D, C, h2.dtype, cfg, cuda)
+    num_warps = blk.pop("num_warps")
+    common = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision,
+                  N_CTR=_N_CTR, **blk)
+    n_tiles = triton.cdiv(N, blk["BLOCK_N"])
+
+    if loss != "ce" or C <= MAX_DENSE_C:
+        kernel = _dense_head_kernel
+        inv_count = 1.0 / (N * C) if mean else 1.0
+        common.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and mean))
+
+        def args(P, G, tpg, part, part_b, part_l):
+            return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, part, part_b, part_l, ws.ctr,
+                    N, D, C, h2.stride(0), ignore_index, inv_count, n_tiles, G, tpg, P)
+
+        key = (loss, tuple(sorted(common.items())), h2.dtype, weight.dtype, y.dtype)
+        P = num_programs(kernel, key, lambda: kernel.warmup(*args(1, 1, 1, ws.buf, ws.buf, ws.buf), grid=(1,),
+                                                             num_warps=num_warps, **common),
+                         dev, num_warps, cfg.occupancy)
+        tpg = triton.cdiv(n_tiles, min(P, n_tiles))
+        G = triton.cdiv(n_tiles, tpg)
+        buf = ws.floats(G * C * D + G * C + G)
+        if POISON:
+            buf.fill_(float("nan"))
+        part = buf[: G * C * D]
+        part_b = buf[G * C * D: G * C * D + G * C]
+        part_l = buf[G * C * D + G * C: G * C * D + G * C + G]
+        kernel[(P,)](*args(P, G, tpg, part, part_b, part_l), num_warps=num_warps, **common)
+    else:
+        kernel = _vocab_ce_kernel
+        common.update(CE_MEAN=mean)
+        inv_count = 1.0
+
+        def args(P, G, tpg, lse, part_l, part, part_b):
+            return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, lse, part_l, part, part_b, ws.ctr,
+                    N, D, C, h2.stride(0), ignore_index, inv_count, n_tiles, G, tpg, P)
+
+        key = ("ce-vocab", tuple(sorted(common.items())), h2.dtype, weight.dtype, y.dtype)
+        P = num_programs(kernel, key, lambda: kernel.warmup(*args(1, 1, 1, ws.buf, ws.buf, ws.buf, ws.buf),
+                                                             grid=(1,), num_warps=num_warps, **common),
+                         dev, num_warps, cfg.occupancy)
+        n_v = triton.cdiv(C, blk["BLOCK_V"])
+        n_dc = triton.cdiv(D, blk["BLOCK_DC"])
+        # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
+        G = 1 if n_v * n_dc >= P else min(triton.cdiv(P, n_v * n_dc), n_tiles)
+        tpg = triton.cdiv(n_tiles, G)
+        G = triton.cdiv(n_tiles, tpg)
+        n_part = G * C * D + G * C if G > 1 else 0
+        buf = ws.floats(N + n_tiles + n_part)
+        if POISON:
+            buf.fill_(float("nan"))
+        lse = buf[:N]
+        part_l = buf[N: N + n_tiles]
+        part = buf[N + n_tiles: N + n_tiles + G * C * D] if G > 1 else buf
+        part_b = buf[N + n_tiles + G * C * D: N + n_tiles + n_part] if G > 1 else buf
+        kernel[(P,)](*args(P, G, tpg, lse, part_l, part, part_b), num_warps=num_warps, **common)
+    return loss_out.view(()), grad_h

@@ -1,0 +1,205 @@
+"""fused_local_head vs the float64 reference, by the three-way rule of STYLE.md:
+|kernel - ref64| <= 2 * |torch_same_precision - ref64| + atol, for loss and every gradient.
+Kernels run under TRITON_INTERPRET=1 on CPU (conftest.py)."""
+import itertools
+
+import pytest
+import torch
+
+import erase_triton.kernels.local_head as klh
+from erase_triton import LaunchConfig, fused_local_head, reference
+from erase_triton.functional import local_head_into
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def make(loss, N, D, C, dtype, bias, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, D, generator=g).to(dtype)
+    w = (torch.randn(C, D, generator=g) / max(D, 1) ** 0.5).to(dtype)
+    b = (torch.randn(C, generator=g) * 0.1).to(dtype) if bias else None
+    if loss == "ce":
+        y = torch.randint(0, C, (N,), generator=g)
+        y[2::5] = -100  # ignored rows (row 0 kept, so N=1 has a mean)
+    elif loss == "bce":
+        y = torch.rand(N, C, generator=g).round() if C > 1 else torch.rand(N, generator=g).round()
+    else:
+        y = torch.randn(N, C, generator=g)
+    mv = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    return mv(h), mv(w), mv(b), mv(y)
+
+
+def assert_three_way(out, same, ref, dtype, what):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert out.dtype == same.dtype, f"{what}: dtype {out.dtype} != {same.dtype}"
+    o, s, r = out.double().cpu(), same.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(o).all(), f"{what}: non-finite values (unwritten output?)"
+    atol = ATOL[dtype] * max(r.abs().max().item(), 1e-3)
+    err, base = (o - r).abs().max().item(), (s - r).abs().max().item()
+    assert err <= 2 * base + atol, f"{what}: |kernel-ref|={err:.3g} > 2*|torch-ref|={2 * base:.3g} + {atol:.3g}"
+
+
+def check(loss, N, D, C, dtype, bias, occupancy, device, reduction="mean", config=None):
+    h, w, b, y = make(loss, N, D, C, dtype, bias, device)
+    out = fused_local_head(h, w, b, y, loss=loss, reduction=reduction, occupancy=occupancy,
+                           backend="triton", config=config)
+    same = reference.local_head(h, w, b, y, loss=loss, reduction=reduction)
+    f64 = lambda t: t.double() if t is not None else None  # noqa: E731
+    ref = reference.local_head(f64(h), f64(w), f64(b), y if loss == "ce" else f64(y), loss=loss, reduction=reduction)
+    assert out.loss.dtype == torch.float32 and out.loss.dim() == 0
+    assert_three_way(out.loss, same.loss, ref.loss, dtype, "loss")
+    assert_three_way(out.grad_h, same.grad_h, ref.grad_h, dtype, "grad_h")
+    assert_three_way(out.grad_weight, same.grad_weight, ref.grad_weight, dtype, "grad_weight")
+    if bias:
+        assert_three_way(out.grad_bias, same.grad_bias, ref.grad_bias, dtype, "grad_bias")
+    else:
+        assert out.grad_bias is None
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(klh, "POISON", True)
+
+
+# A covering design over loss x dtype x N x D x C x bias x occupancy: every value of
+# every axis meets every loss and dtype, without the full 1296-case product.
+SHAPES = {
+    "bce": [(1, 1, 1), (63, 50, 3), (781, 130, 17), (63, 130, 1), (781, 1, 3)],
+    "mse": [(1, 50, 17), (63, 1, 1), (781, 130, 3), (63, 130, 17), (781, 50, 1)],
+    "ce": [(1, 130, 3), (63, 50, 17), (781, 1, 3), (63, 130, 1000), (1, 50, 1000)],
+}
+CASES = []
+for loss, (dn, dt) in itertools.product(SHAPES, DTYPES.items()):
+    for i, (N, D, C) in enumerate(SHAPES[loss]):
+        CASES.append(pytest.param(loss, N, D, C, dt, i % 2 == 0, (None, 1 / 32)[i % 2],
+                                  id=f"{loss}-{dn}-N{N}-D{D}-C{C}-{'b' if i % 2 == 0 else 'nob'}-occ{(1, 32)[i % 2]}"))
+
+
+@pytest.mark.parametrize("loss,N,D,C,dtype,bias,occupancy", CASES)
+def test_matches_reference(loss, N, D, C, dtype, bias, occupancy, device):
+    check(loss, N, D, C, dtype, bias, occupancy, device)
+
+
+@pytest.mark.parametrize("loss", ["bce", "ce", "mse"])
+def test_sum_reduction(loss, device):
+    check(loss, 63, 50, 17, torch.float32, True, None, device, reduction="sum")
+
+
+def test_ce_vocab_large_rows(device):
+    # several row tiles and vocabulary tiles, with ignored rows
+    check("ce", 781, 130, 1000, torch.float32, False, 1.0, device)
+
+
+@pytest.mark.parametrize("loss,C", [("bce", 3), ("ce", 1000)])
+def test_small_tiles_many_chunks(loss, C, device):
+    # forces several D chunks and many row groups: exercises the partial-sum paths
+    cfg = LaunchConfig(block_n=16, block_d=32)
+    check(loss, 100, 130, C, torch.float32, True, None, device, config=cfg)
+
+
+def test_leading_dims_and_scalar_bce_target(device):
+    h, w, b, _ = make("bce", 12, 40, 1, torch.float32, True, device)
+    h3 = h.reshape(3, 4, 40)
+    y = torch.rand(3, 4, device=device).round()
+    out = fused_local_head(h3, w, b, y, backend="triton")
+    ref = reference.local_head(h3.double(), w.double(), b.double(), y.double())
+    assert out.grad_h.shape == (3, 4, 40)
+    torch.testing.assert_close(out.grad_h.double(), ref.grad_h, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(out.loss.double(), ref.loss, rtol=1e-5, atol=1e-7)
+
+
+def test_non_contiguous_h(device):
+    h, w, b, y = make("mse", 63, 50, 3, torch.float32, True, device)
+    hw = torch.randn(63, 80, device=device)
+    hw[:, :50] = h
+    hv = hw[:, :50]  # row stride 80, unit stride on D
+    out = fused_local_head(hv, w, b, y, loss="mse", backend="triton")
+    ref = reference.local_head(h, w, b, y, loss="mse")
+    torch.testing.assert_close(out.grad_h, ref.grad_h, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.grad_weight, ref.grad_weight, rtol=1e-4, atol=1e-6)
+
+
+def test_accumulates_into_given_grads(device):
+    h, w, b, y = make("ce", 63, 50, 17, torch.float32, True, device)
+    gw0, gb0 = torch.randn_like(w), torch.randn_like(b)
+    gw, gb = gw0.clone(), gb0.clone()
+    local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
+                    config=LaunchConfig(), grad_weight=gw, grad_bias=gb, accumulate=True)
+    ref = reference.local_head(h, w, b, y, loss="ce")
+    torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
+
+
+def test_all_rows_ignored_gives_nan_loss_and_zero_grads(device):
+    h, w, b, y = make("ce", 20, 16, 5, torch.float32, True, device)
+    y.fill_(-100)
+    out = fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    assert torch.isnan(out.loss)  # as torch: mean over no rows
+    assert (out.grad_h == 0).all() and (out.grad_weight == 0).all()
+
+
+def test_deterministic(device):
+    h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
+    a = fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    c = fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    for x, z in zip(a, c):
+        assert torch.equal(x, z)
+
+
+def test_backend_auto_and_torch_agree(device):
+    h, w, b, y = make("bce", 63, 50, 3, torch.float32, True, device)
+    a = fused_local_head(h, w, b, y, backend="auto")
+    t = fused_local_head(h, w, b, y, backend="torch")
+    for x, z in zip(a, t):
+        torch.testing.assert_close(x, z, rtol=1e-4, atol=1e-6)
+
+
+def test_float64_goes_to_reference(device):
+    h, w, b, y = make("bce", 8, 4, 1, torch.float64, True, device)
+    out = fused_local_head(h, w, b, y)  # auto: the kernel has no fp64 path
+    assert out.grad_h.dtype == torch.float64 and out.loss.dtype == torch.float64
+
+
+# ------------------------------------------------------------------- bad input
+def _good(device):
+    return make("bce", 8, 4, 2, torch.float32, True, device)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda a: {**a, "h": a["h"].long()}, "h must be a floating"),
+    (lambda a: {**a, "h": a["h"][:, :3]}, r"h must be \[\.\.\., 4\]"),
+    (lambda a: {**a, "weight": a["weight"][0]}, r"weight must be a floating tensor \[C, D\]"),
+    (lambda a: {**a, "bias": a["bias"][:1]}, r"bias must be a floating tensor \[2\]"),
+    (lambda a: {**a, "target": a["target"][:, :1]}, r"target must have shape \(8, 2\)"),
+    (lambda a: {**a, "target": a["target"].long()}, "target must be a floating tensor"),
+    (lambda a: {**a, "loss": "ce"}, "target must be int64 or int32"),
+    (lambda a: {**a, "loss": "ce", "target": torch.zeros(7, dtype=torch.long)}, r"target must have shape \(8,\)"),
+    (lambda a: {**a, "loss": "hinge"}, "loss must be one of"),
+    (lambda a: {**a, "reduction": "none"}, "reduction must be one of"),
+    (lambda a: {**a, "backend": "cuda"}, "backend must be one of"),
+    (lambda a: {**a, "weight": torch.zeros(65, 4), "bias": None, "target": torch.zeros(8, 65)},
+     r"supports 1 <= C <= 64"),
+    (lambda a: {**a, "weight": a["weight"].double()}, "weight must be float32, bfloat16 or float16"),
+    (lambda a: {**a, "weight": torch.zeros(1, 4), "bias": None, "loss": "ce", "target": torch.zeros(8, dtype=torch.long)},
+     "C >= 2"),
+], ids=["h-int", "h-D", "w-1d", "bias-shape", "tgt-shape", "tgt-int", "ce-float-tgt", "ce-tgt-shape",
+        "loss", "reduction", "backend", "bce-C", "w-fp64", "ce-C1"])
+def test_bad_input(mutate, match, device):
+    h, w, b, y = _good(device)
+    a = mutate(dict(h=h, weight=w, bias=b, target=y, loss="bce", reduction="mean", backend="triton"))
+    with pytest.raises(ValueError, match=match):
+        fused_local_head(a["h"], a["weight"], a["bias"], a["target"], loss=a["loss"],
+                         reduction=a["reduction"], backend=a["backend"])
+
+
+def test_bad_occupancy():
+    with pytest.raises(ValueError, match="occupancy must be in"):
+        LaunchConfig(occupancy=0.0)
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        LaunchConfig(block_n=24)
+
+
+def test_wrong_type():
+    with pytest.raises(TypeError, match="h must be a torch.Tensor"):
+        fused_local_head([1.0], torch.zeros(1, 1), None, torch.zeros(1))
