@@ -78,7 +78,8 @@ def check_args(h, weight, bias, target, loss, reduction):
     return N, D, C
 
 
-def _use_triton(h, backend) -> bool:
+def use_triton(h, backend) -> bool:
+    """Whether `backend` resolves to the Triton kernel for a tensor like h."""
     if backend not in _BACKENDS:
         _fail(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "torch":
@@ -107,7 +108,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                     grad_weight, grad_bias, accumulate):
     """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h)."""
     N, D, C = check_args(h, weight, bias, target, loss, reduction)
-    if N == 0 or not _use_triton(h, backend):
+    if N == 0 or not use_triton(h, backend):
         r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index)
         if accumulate:
             grad_weight.add_(r.grad_weight)

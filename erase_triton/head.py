@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from erase_triton.kernels.launch import LaunchConfig
 
 from . import scheduler as _sched
-from .functional import local_head_into
+from .functional import check_args, local_head_into, use_triton
+from .reference import head_loss
 
 __all__ = ["LocalHead"]
 
@@ -80,6 +81,15 @@ class LocalHead(nn.Module):
 
     def apply_loss(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Fused loss + grads on the current stream; backward into h's producer; returns h.detach()."""
+        if not use_triton(h, self.backend):
+            check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
+            # What a PyTorch user writes: one autograd call through head and block.
+            loss = head_loss(self.logits(h).reshape(-1, self.out_features),
+                             target.reshape(-1) if self.loss == "ce" else target.reshape(-1, self.out_features),
+                             self.loss, self.reduction, self.ignore_index)
+            loss.backward()
+            self.last_loss = loss.detach().float()
+            return h.detach()
         w, b = self.weight, self.bias
         acc_w = w.grad is not None
         gw = w.grad if acc_w else torch.empty_like(w, memory_format=torch.contiguous_format)

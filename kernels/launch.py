@@ -25,7 +25,8 @@ class LaunchConfig:
     occupancy:      fraction of the SMs the persistent grid may fill (0 < x <= 1);
                     None fills the whole device.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule.
-    fp32_precision: "ieee" (exact fp32 dots, PyTorch's default) or "tf32".
+    fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
+                    torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
     """
 
     occupancy: float | None = None
@@ -33,12 +34,12 @@ class LaunchConfig:
     block_d: int | None = None
     block_v: int | None = None
     num_warps: int | None = None
-    fp32_precision: str = "ieee"
+    fp32_precision: str | None = None
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
             raise ValueError(f"occupancy must be in (0, 1] or None, got {self.occupancy!r}")
-        if self.fp32_precision not in _FP32_PRECISIONS:
+        if self.fp32_precision is not None and self.fp32_precision not in _FP32_PRECISIONS:
             raise ValueError(f"fp32_precision must be one of {_FP32_PRECISIONS}, got {self.fp32_precision!r}")
         for name in ("block_n", "block_d", "block_v"):
             v = getattr(self, name)

@@ -472,7 +472,9 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
     gb_arg = grad_bias if has_bias else grad_weight
     mean = reduction == "mean"
     dot_fp32 = interpreting()
-    precision = "ieee" if (dot_fp32 or h2.dtype != torch.float32) else cfg.fp32_precision
+    precision = "ieee"
+    if not dot_fp32 and h2.dtype == torch.float32:
+        precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
     blk = _blocks(loss, N, D, C, h2.dtype, cfg, cuda)
     num_warps = blk.pop("num_warps")
     common = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision,

@@ -1,0 +1,188 @@
+"""Fused local head vs torch eager, torch.compile and Liger (ce): time, bandwidth, memory.
+
+    python benchmarks/bench_local_head.py [--out benchmarks/results/local_head.csv] [--quick]
+
+Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
+larger of bytes/copy-bandwidth (copy bandwidth measured in this run) and 3 GEMMs at
+790 TFLOP/s. Also: tile/occupancy variants of our kernel, host time per call and
+kernel launches per call.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import copy_bandwidth_gbs, metadata, print_table, write_csv  # noqa: E402
+
+from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
+from erase_triton.reference import head_loss  # noqa: E402
+
+MATMUL_TFLOPS = 790.0
+
+
+def make(loss, N, D, C, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(N, D, device="cuda", dtype=dtype, generator=g)
+    w = (torch.randn(C, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+    b = torch.zeros(C, device="cuda", dtype=dtype)
+    if loss == "ce":
+        y = torch.randint(0, C, (N,), device="cuda", generator=g)
+    else:
+        y = torch.rand(N, C, device="cuda", generator=g).round()
+    return h, w, b, y
+
+
+def torch_fn(loss, h, w, b, y, compiled=None):
+    fwd = compiled or (lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
+    ws = w.detach().requires_grad_(True)
+    bs = b.detach().requires_grad_(True)
+
+    def run():
+        hh = h.detach().requires_grad_(True)
+        out = fwd(hh, ws, bs, y)
+        return torch.autograd.grad(out, [hh, ws, bs])
+    return run
+
+
+def liger_fn(h, w, b, y):
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    crit = LigerFusedLinearCrossEntropyLoss()
+    ws = w.detach().requires_grad_(True)
+    bs = b.detach().requires_grad_(True)
+
+    def run():
+        hh = h.detach().requires_grad_(True)
+        out = crit(ws, hh, y, bs)
+        return torch.autograd.grad(out, [hh, ws, bs])
+    return run
+
+
+def ours_fn(loss, h, w, b, y, cfg=None):
+    return lambda: fused_local_head(h, w, b, y, loss=loss, config=cfg)
+
+
+def peak_mb(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def launches(fn) -> int:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def host_us(fn, n=2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+CONFIGS = [  # (loss, N, D, C, dtype)
+    ("bce", 1024, 128, 1, torch.bfloat16),
+    ("bce", 16384, 512, 1, torch.bfloat16),
+    ("bce", 65536, 1024, 1, torch.bfloat16),
+    ("bce", 262144, 1024, 1, torch.bfloat16),
+    ("bce", 65536, 1024, 6, torch.bfloat16),
+    ("mse", 65536, 1024, 1, torch.bfloat16),
+    ("bce", 65536, 1024, 1, torch.float32),
+    ("ce", 1024, 128, 256, torch.bfloat16),
+    ("ce", 4096, 256, 256, torch.bfloat16),
+    ("ce", 4096, 512, 32000, torch.bfloat16),
+    ("ce", 8192, 1024, 32000, torch.bfloat16),
+]
+TUNE = {  # kernel variants measured on two anchor configs
+    ("bce", 65536, 1024, 1): [dict(block_n=bn, block_d=bd, num_warps=nw) for bn, bd, nw in
+                              [(64, 256, 8), (32, 256, 4), (64, 128, 4), (128, 128, 8), (32, 512, 8), (16, 1024, 8),
+                               (32, 1024, 8), (64, 512, 8)]],
+    ("ce", 4096, 512, 32000): [dict(block_n=bn, block_v=bv, block_d=bd, num_warps=nw) for bn, bv, bd, nw in
+                               [(64, 64, 256, 8), (64, 128, 128, 8), (128, 64, 128, 8), (64, 64, 512, 8),
+                                (128, 128, 128, 8), (64, 128, 256, 8)]],
+}
+COMPILED = {("bce", 1024, 128, 1), ("bce", 65536, 1024, 1), ("bce", 262144, 1024, 1), ("ce", 1024, 128, 256),
+            ("ce", 4096, 512, 32000)}  # torch.compile baseline on these (each costs a compile)
+OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/local_head.csv")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    meta = metadata()
+    bw = copy_bandwidth_gbs()
+    meta["copy_gbs"] = round(bw, 1)
+    print(f"# {meta['gpu']} torch {meta['torch']} triton {meta['triton']} copy {bw:.0f} GB/s", flush=True)
+    try:
+        import liger_kernel  # noqa: F401
+        have_liger = True
+    except ImportError:
+        have_liger = False
+        print("# liger-kernel not importable: skipping that baseline")
+    rows = []
+    configs = CONFIGS[:3] + CONFIGS[9:10] if args.quick else CONFIGS
+    for loss, N, D, C, dtype in configs:
+        h, w, b, y = make(loss, N, D, C, dtype)
+        e = h.element_size()
+        nbytes = 2 * N * D * e + 2 * C * D * e + y.numel() * y.element_size()
+        flops = 3 * 2 * N * D * C
+        floor_us = max(nbytes / (bw * 1e9), flops / (MATMUL_TFLOPS * 1e12)) * 1e6
+        variants = [("torch", torch_fn(loss, h, w, b, y))]
+        if not args.no_compile and (loss, N, D, C) in COMPILED:
+            comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
+            variants.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
+        if loss == "ce" and have_liger:
+            variants.append(("liger", liger_fn(h, w, b, y)))
+        variants.append(("ours", ours_fn(loss, h, w, b, y)))
+        tune = [] if args.quick else TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 else []
+        for kw in tune:
+            variants.append(("ours " + ",".join(f"{k}={v}" for k, v in kw.items()), ours_fn(loss, h, w, b, y, LaunchConfig(**kw))))
+        if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16:
+            for occ in OCC:
+                variants.append((f"ours occupancy={occ:g}", ours_fn(loss, h, w, b, y, LaunchConfig(occupancy=occ))))
+        for name, fn in variants:
+            try:
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row = dict(loss=loss, N=N, D=D, C=C, dtype=str(dtype).replace("torch.", ""), variant=name,
+                           us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
+                           gbs=nbytes / (ms * 1e-3) / 1e9, peak_mb=peak_mb(fn))
+                if name in ("ours", "torch") and N <= 4096:
+                    row["launches"] = launches(fn)
+                    row["host_us"] = host_us(fn)
+            except Exception as ex:  # a baseline failing must not lose the other rows
+                row = dict(loss=loss, N=N, D=D, C=C, dtype=str(dtype), variant=name, error=repr(ex)[:200])
+            rows.append(row)
+            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        del h, w, b, y
+        torch.cuda.empty_cache()
+    write_csv(args.out, rows, meta)
+    print_table([r for r in rows if "us" in r and not r["variant"].startswith("ours ")],
+                ["loss", "N", "D", "C", "dtype", "variant", "us", "floor_us", "pct_of_floor", "peak_mb", "launches", "host_us"])
+
+
+if __name__ == "__main__":
+    main()

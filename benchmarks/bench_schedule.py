@@ -1,0 +1,149 @@
+"""Step time of e2e / sequential / erase x eager / graphed x PyTorch heads / fused heads.
+
+    python benchmarks/bench_schedule.py [--model mlp|transformer|all] [--quick]
+
+MLP proxy of DESIGN.md (six blocks of two Linear+ReLU, width w, batch b, BCE heads,
+SGD) in tf32 and bf16, and the six-layer transformer (erase_triton.models). Median
+step time from CUDA events; peak memory of the eager step. CSV with GPU metadata.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import cuda_median_ms, metadata, print_table, write_csv  # noqa: E402
+
+from erase_triton import Scheduler  # noqa: E402
+from erase_triton.models import MLPChain  # noqa: E402
+
+MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
+MODES = ["e2e", "sequential", "erase"]
+
+
+def mlp_case(width, batch, dtype, heads, occupancy=None):
+    torch.manual_seed(0)
+    model = MLPChain(width, backend="torch" if heads == "torch" else "auto", occupancy=occupancy,
+                     device="cuda", dtype=dtype)
+    x = torch.randn(batch, width, device="cuda", dtype=dtype)
+    y = torch.rand(batch, device="cuda").round().to(dtype)
+    return model, (x, y)
+
+
+def transformer_case(width, batch, seq, heads, occupancy=None, dtype=torch.bfloat16):
+    from erase_triton.models.transformer import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
+                            backend="torch" if heads == "torch" else "auto", occupancy=occupancy).to("cuda", dtype)
+    x = torch.randint(0, 256, (batch, seq), device="cuda")
+    y = torch.randint(0, 256, (batch, seq), device="cuda")
+    return model, (x, y)
+
+
+def measure(model, inputs, mode, graphed, streams=None):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sched = Scheduler(mode, streams=streams)
+
+    def step(*xs):
+        opt.zero_grad(set_to_none=True)
+        model(*xs)
+        opt.step()
+
+    if graphed:
+        replay = sched.capture(step, *inputs, warmup=3)
+        ms = cuda_median_ms(replay, iters=30, warmup=5)
+        peak = float("nan")
+    else:
+        def run():
+            with sched.step():
+                step(*inputs)
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        ms = cuda_median_ms(run, iters=20, warmup=3)
+    return ms, peak
+
+
+def run_grid(cases, rows, ring_sizes=(2,), save=None):
+    for desc, build in cases:
+        for heads in ("torch", "fused"):
+            for graphed in (False, True):
+                for mode in MODES:
+                    model, inputs = build(heads)
+                    ms, peak = measure(model, inputs, mode, graphed)
+                    row = dict(desc, heads=heads, exec="graph" if graphed else "eager", mode=mode, streams="auto",
+                               ms=ms, peak_mb=peak)
+                    rows.append(row)
+                    print(row, flush=True)
+                    del model, inputs
+            for k in ring_sizes:
+                model, inputs = build(heads)
+                ms, peak = measure(model, inputs, "erase", True, streams=k)
+                row = dict(desc, heads=heads, exec="graph", mode="erase", streams=k, ms=ms, peak_mb=peak)
+                rows.append(row)
+                print(row, flush=True)
+        torch.cuda.empty_cache()
+        if save:
+            save(rows)  # partial results survive a timeout
+
+
+def summarize(rows):
+    """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
+    out = []
+    key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"])  # noqa: E731
+    groups = {}
+    for r in rows:
+        if r["streams"] == "auto":
+            groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
+    for k, g in groups.items():
+        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3])
+        for ex in ("graph", "eager"):
+            f = lambda h, m: g.get((h, ex, m), float("nan"))  # noqa: E731
+            s[f"{ex}_erase_fused_ms"] = f("fused", "erase")
+            s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
+            s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
+            s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
+        out.append(s)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="all", choices=["mlp", "transformer", "all"])
+    ap.add_argument("--out", default="benchmarks/results/schedule.csv")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    meta = metadata()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    rows = []
+    cases = []
+    if args.model in ("mlp", "all"):
+        cfgs = MLP_CONFIGS[:2] if args.quick else MLP_CONFIGS
+        for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
+            for w, b in cfgs:
+                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname),
+                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads)))
+    if args.model in ("transformer", "all"):
+        for w, b, s in ([(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]):
+            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16"),
+                          lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads)))
+    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta))
+    write_csv(args.out, rows, meta)
+    summ = summarize(rows)
+    write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
+    print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq"])
+
+
+if __name__ == "__main__":
+    main()

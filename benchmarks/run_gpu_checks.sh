@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
+#   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]     parts: tests head schedule study
+# Installs the project (no network needed), runs the GPU tests and the benchmarks,
+# and leaves CSVs (with GPU name, torch and triton versions) in RESULTS_DIR.
+set -u
+RES=${1:-benchmarks/results}; shift || true
+PARTS=${*:-tests head schedule}
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then  # optional baselines carried as wheels (liger-kernel)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+for p in $PARTS; do
+  echo "=== $p $(date +%T)"
+  case $p in
+    tests)    timeout 420 python3 -P -m pytest -q -x -p no:cacheprovider tests/test_gpu.py tests/test_local_head.py -k "not bad_input" 2>&1 | tail -25 ;;
+    head)     timeout 400 python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ;;
+    schedule) timeout 500 python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ;;
+    study)    timeout 500 python3 benchmarks/bench_study.py --out "$RES" ;;
+  esac
+done
+echo "=== done $(date +%T)"

@@ -1,0 +1,34 @@
+"""The six-block MLP proxy of DESIGN.md: each block is `layers` x (Linear + ReLU),
+followed by a LocalHead; the last head is final."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..head import LocalHead
+
+
+class MLPChain(nn.Module):
+    def __init__(self, width: int, blocks: int = 6, layers: int = 2, out_features: int = 1, loss: str = "bce",
+                 backend: str = "auto", occupancy: float | None = None, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width, **kw), nn.ReLU())])
+            for _ in range(blocks))
+        self.heads = nn.ModuleList(
+            LocalHead(width, out_features, loss, final=(i == blocks - 1), backend=backend, occupancy=occupancy, **kw)
+            for i in range(blocks))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block, head in zip(self.blocks, self.heads):
+            h = head(block(h), y)
+        return h
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        return self.heads[-1].logits(h)

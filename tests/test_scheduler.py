@@ -1,0 +1,201 @@
+"""LocalHead and Scheduler on CPU: the three modes against hand-written autograd."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from erase_triton import LocalHead, Scheduler
+from erase_triton.reference import head_loss
+from erase_triton.scheduler import RingPlan
+
+
+class Chain(nn.Module):
+    """n blocks of Linear+ReLU, a LocalHead after each; the last head is final."""
+
+    def __init__(self, d=24, n=4, c=3, loss="bce", share=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)) for _ in range(n))
+        if share:  # block 2 reuses block 0's first layer: a parameter reached from two segments
+            self.blocks[2][0] = self.blocks[0][0]
+        self.heads = nn.ModuleList(LocalHead(d, c, loss, final=(i == n - 1)) for i in range(n))
+
+    def forward(self, x, y):
+        h = x
+        for blk, head in zip(self.blocks, self.heads):
+            h = head(blk(h), y)
+        return h
+
+
+def data(loss, n=37, d=24, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = torch.randint(0, c, (n,), generator=g) if loss == "ce" else torch.rand(n, c, generator=g).round()
+    return x, y
+
+
+def grads(model):
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def detached_reference(model, x, y):
+    """ERASE's math written by hand: each block sees a detached input, own loss, own backward."""
+    h = x
+    for blk, head in zip(model.blocks, model.heads):
+        out = blk(h)
+        head_loss(F.linear(out, head.weight, head.bias), y, head.loss, "mean", -100).backward()
+        h = out.detach()
+    return grads(model)
+
+
+def e2e_reference(model, x, y):
+    h = x
+    for blk in model.blocks:
+        h = blk(h)
+    head = model.heads[-1]
+    head_loss(F.linear(h, head.weight, head.bias), y, head.loss, "mean", -100).backward()
+    return grads(model)
+
+
+def assert_same_grads(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+def run(model, mode, x, y):
+    model.zero_grad(set_to_none=True)
+    sched = Scheduler(mode)
+    with sched.step():
+        model(x, y)
+    return grads(model), sched
+
+
+@pytest.mark.parametrize("loss", ["bce", "ce", "mse"])
+def test_sequential_and_erase_equal_detached_reference(loss):
+    torch.manual_seed(0)
+    model = Chain(loss=loss)
+    x, y = data(loss)
+    model.zero_grad(set_to_none=True)
+    ref = detached_reference(copy.deepcopy(model), x, y)
+    seq, _ = run(model, "sequential", x, y)
+    era, _ = run(model, "erase", x, y)
+    assert_same_grads(seq, ref)
+    assert_same_grads(era, seq)
+
+
+@pytest.mark.parametrize("loss", ["bce", "ce"])
+def test_e2e_equals_ordinary_autograd(loss):
+    torch.manual_seed(1)
+    model = Chain(loss=loss)
+    x, y = data(loss)
+    ref = e2e_reference(copy.deepcopy(model), x, y)
+    got, _ = run(model, "e2e", x, y)
+    # non-final heads are identities in e2e: they get no gradient at all
+    assert_same_grads(got, ref)
+    assert all(h.weight.grad is None for h in model.heads[:-1])
+
+
+def test_no_scheduler_is_sequential():
+    torch.manual_seed(2)
+    model = Chain()
+    x, y = data("bce")
+    seq, _ = run(model, "sequential", x, y)
+    model.zero_grad(set_to_none=True)
+    model(x, y)
+    assert_same_grads(grads(model), seq)
+
+
+def test_head_matches_linear_plus_loss():
+    torch.manual_seed(3)
+    blk = nn.Linear(20, 30)
+    head = LocalHead(30, 5, "ce")
+    lin = nn.Linear(30, 5)
+    lin.load_state_dict({"weight": head.weight.detach(), "bias": head.bias.detach()})
+    blk2 = copy.deepcopy(blk)
+    x, y = torch.randn(33, 20), torch.randint(0, 5, (33,))
+    out = head(blk(x), y)
+    assert not out.requires_grad
+    ref_loss = F.cross_entropy(lin(blk2(x)), y)
+    ref_loss.backward()
+    torch.testing.assert_close(head.last_loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.weight.grad, lin.weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.bias.grad, lin.bias.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(blk.weight.grad, blk2.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_head_accumulates_across_calls():
+    torch.manual_seed(4)
+    head = LocalHead(16, 1)
+    h1, h2 = torch.randn(9, 16), torch.randn(9, 16)
+    y1, y2 = torch.rand(9), torch.rand(9)
+    head(h1, y1)
+    head(h2, y2)
+    lin = nn.Linear(16, 1)
+    lin.load_state_dict({"weight": head.weight.detach(), "bias": head.bias.detach()})
+    (F.binary_cross_entropy_with_logits(lin(h1).squeeze(1), y1)
+     + F.binary_cross_entropy_with_logits(lin(h2).squeeze(1), y2)).backward()
+    torch.testing.assert_close(head.weight.grad, lin.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_eval_and_no_grad_do_no_loss_work():
+    head = LocalHead(8, 2, "mse")
+    h, y = torch.randn(4, 8, requires_grad=True), torch.randn(4, 2)
+    head.eval()
+    assert head(h, y) is h
+    head.train()
+    with torch.no_grad():
+        assert head(h, y) is h
+    assert head.last_loss is None and head.weight.grad is None
+
+
+def test_shared_parameter_is_ordered_in_plan():
+    torch.manual_seed(5)
+    model = Chain(share=True)
+    x, y = data("bce")
+    model.zero_grad(set_to_none=True)
+    ref = detached_reference(copy.deepcopy(model), x, y)
+    got, sched = run(model, "erase", x, y)
+    assert_same_grads(got, ref)
+    bwd = {e[1]: e[3] for e in sched.last_trace if e[0] == "bwd"}
+    assert bwd[2] == (0,), sched.last_trace  # segment 2 accumulates after segment 0
+
+
+def test_erase_trace_is_a_ring():
+    model = Chain(n=3)
+    x, y = data("bce")
+    sched = Scheduler("erase", streams=2)
+    with sched.step():
+        model(x, y)
+    assert sched.last_trace == [
+        ("fwd", 0, 0), ("bwd", 0, 0, ()), ("fwd", 1, 1), ("bwd", 1, 1, ()), ("fwd", 2, 0),
+        ("bwd", 2, 0, ()), ("fwd", 3, 1),
+    ]
+
+
+def test_ring_plan():
+    p = RingPlan(3)
+    assert [p.stream_of(i) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    earlier = {0: frozenset({1, 2}), 1: frozenset({3}), 3: frozenset({2})}
+    # segment 4 (stream 1) shares leaf 2 with 0 (stream 0) and 3 (stream 0); 1 is its own stream
+    assert p.bwd_after(4, frozenset({2, 3}), earlier) == [0, 3]
+
+
+def test_scheduler_rejects_bad_args_and_nesting():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Scheduler("fast")
+    with pytest.raises(ValueError, match="streams must be a positive int"):
+        Scheduler("erase", streams=0)
+    s = Scheduler("erase")
+    with s.step():
+        with pytest.raises(RuntimeError, match="another Scheduler.step"):
+            with Scheduler("sequential").step():
+                pass
+
+
+def test_capture_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        Scheduler("erase").capture(lambda: None)
