@@ -1,0 +1,37 @@
+"""Normalized entropy (NE), AUC and log loss for CTR predictions (no host syncs until read)."""
+from __future__ import annotations
+
+import torch
+
+_EPS = 1e-7
+
+
+def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy of sigmoid(logits) against {0,1} labels."""
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double())
+
+
+def normalized_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """NE = log loss / entropy of the background CTR (torchrec's definition).
+    1.0 is a model that predicts the average click rate; lower is better."""
+    p = labels.double().mean().clamp(_EPS, 1 - _EPS)
+    base = -(p * p.log() + (1 - p) * (1 - p).log())
+    return log_loss(logits, labels) / base
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
+    s = scores.double().flatten()
+    y = labels.double().flatten()
+    order = torch.argsort(s)
+    s_sorted = s[order]
+    ranks = torch.empty_like(s)
+    pos = torch.arange(1, len(s) + 1, dtype=torch.float64, device=s.device)
+    # average rank inside groups of equal scores
+    _, inverse, counts = torch.unique_consecutive(s_sorted, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    avg = ends - (counts.double() - 1) / 2
+    ranks[order] = avg[inverse]
+    n_pos = y.sum()
+    n_neg = len(y) - n_pos
+    return (ranks[y > 0.5].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)

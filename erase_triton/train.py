@@ -1,0 +1,207 @@
+"""Training loops behind `erase-triton train`: CTR (MovieLens-100k or synthetic) and the byte LM."""
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+
+from . import metrics
+from .scheduler import Scheduler
+
+CPU_DEFAULTS = {"ctr": dict(steps=400, batch_size=512), "transformer": dict(steps=300, batch_size=16)}
+CUDA_DEFAULTS = {"ctr": dict(steps=3000, batch_size=1024), "transformer": dict(steps=2000, batch_size=32)}
+
+
+class Progress:
+    """A one-line text progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.enabled, self.t0, self.note = total, enabled and sys.stderr.isatty(), time.time(), ""
+
+    def update(self, i: int, note: str | None = None):
+        if note is not None:
+            self.note = note
+        if not self.enabled:
+            return
+        frac = i / max(self.total, 1)
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r[{bar:<30}] {i}/{self.total} {time.time() - self.t0:5.1f}s {self.note}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _make_opt(model, lr: float, dev, graph: bool):
+    """Adam with a tensor learning rate, so a cosine schedule also reaches a captured step."""
+    lr_t = torch.tensor(lr, device=dev) if graph else lr
+    return torch.optim.Adam(model.parameters(), lr=lr_t, capturable=graph)
+
+
+def _set_lr(opt, base: float, i: int, steps: int):
+    v = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i / max(steps, 1), 1.0))))
+    for g in opt.param_groups:
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(v)
+        else:
+            g["lr"] = v
+
+
+def _runner(model, opt, mode: str, graph: bool, static_inputs):
+    """Returns run(inputs) doing one training step, eager or as a CUDA-graph replay."""
+    sched = Scheduler(mode)
+
+    def step(*xs):
+        opt.zero_grad(set_to_none=True)
+        model(*xs)
+        opt.step()
+
+    if not graph:
+        def run(inputs):
+            with sched.step():
+                step(*inputs)
+        return run
+    replay = sched.capture(step, *static_inputs, warmup=3)
+
+    def run(inputs):
+        for s, x in zip(static_inputs, inputs):
+            s.copy_(x, non_blocking=True)
+        replay()
+    return run
+
+
+def evaluate_ctr(model, data, batch: int = 8192) -> dict:
+    model.eval()
+    logits = torch.cat([model.predict(data.dense[i:i + batch], data.sparse[i:i + batch])
+                        for i in range(0, len(data), batch)])
+    model.train()
+    return {"ne": metrics.normalized_entropy(logits, data.label).item(),
+            "auc": metrics.auc(logits, data.label).item(),
+            "logloss": metrics.log_loss(logits, data.label).item()}
+
+
+def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, data="movielens",
+              width=64, emb_dim=16, depth=1, lr=1e-3, eval_every=None, synthetic_rows=200_000,
+              progress=True, log=print) -> dict:
+    from .data import batches, load_movielens, synthetic_criteo
+    from .models.ctr import CTRConfig, CTRModel
+
+    dev = torch.device(device)
+    d = (CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS)["ctr"]
+    steps, batch_size = steps or d["steps"], batch_size or d["batch_size"]
+    torch.manual_seed(seed)
+    if data == "movielens":
+        tr, va, te = load_movielens()
+    elif data == "synthetic":
+        full = synthetic_criteo(synthetic_rows, cardinality=10_000, seed=seed)
+        n = len(full)
+        tr, va, te = full.slice(slice(0, int(.8 * n))), full.slice(slice(int(.8 * n), int(.9 * n))), \
+            full.slice(slice(int(.9 * n), n))
+    else:
+        raise ValueError(f"data must be 'movielens' or 'synthetic', got {data!r}")
+    tr, va, te = tr.to(dev), va.to(dev), te.to(dev)
+    cfg = CTRConfig(n_dense=tr.dense.shape[1], cardinalities=tr.cardinalities, emb_dim=emb_dim, width=width,
+                    depth=depth)
+    model = CTRModel(cfg).to(dev)
+    opt = _make_opt(model, lr, dev, graph)
+    it = batches(tr, batch_size, torch.Generator().manual_seed(seed))
+    first = next(it)
+    run = _runner(model, opt, mode, graph, [t.clone() for t in first])
+    eval_every = eval_every or max(steps // 5, 1)
+    bar = Progress(steps, progress)
+    train_time, history = 0.0, []
+    batch = first
+    for i in range(1, steps + 1):
+        t = time.perf_counter()
+        _set_lr(opt, lr, i - 1, steps)
+        run(batch)
+        batch = next(it)
+        if dev.type == "cuda" and i % eval_every == 0:
+            torch.cuda.synchronize()
+        train_time += time.perf_counter() - t
+        if i % eval_every == 0 or i == steps:
+            v = evaluate_ctr(model, va)
+            history.append({"step": i, **{f"val_{k}": x for k, x in v.items()}})
+            bar.update(i, f"val NE {v['ne']:.4f} AUC {v['auc']:.4f}")
+        elif i % 10 == 0:
+            bar.update(i)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    bar.close()
+    test = evaluate_ctr(model, te)
+    return {"model": "ctr", "data": data, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
+            "steps": steps, "batch_size": batch_size, **test,
+            "examples_per_s": steps * batch_size / max(train_time, 1e-9),
+            "peak_memory_mb": _peak_memory_mb(dev), "history": history}
+
+
+@torch.no_grad()
+def evaluate_lm(model, val: torch.Tensor, seq: int, device, max_windows: int = 256) -> float:
+    model.eval()
+    n = min((len(val) - 1) // seq, max_windows)
+    x = val[: n * seq].long().view(n, seq).to(device)
+    y = val[1: n * seq + 1].long().view(n, seq).to(device)
+    losses = []
+    for i in range(0, n, 64):
+        logits = model.logits(x[i:i + 64]).float()
+        losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i:i + 64].reshape(-1),
+                                                        reduction="sum"))
+    model.train()
+    return math.exp((sum(losses) / (n * seq)).item())
+
+
+def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, width=128,
+                      seq=64, lr=1e-3, text="pydoc", eval_every=None, progress=True, log=print) -> dict:
+    from .data.text import lm_batches, load_text
+    from .models.transformer import TinyTransformer
+
+    dev = torch.device(device)
+    d = (CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS)["transformer"]
+    steps, batch_size = steps or d["steps"], batch_size or d["batch_size"]
+    torch.manual_seed(seed)
+    tr, va = load_text(text)
+    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq).to(dev)
+    opt = _make_opt(model, lr, dev, graph)
+    it = lm_batches(tr, batch_size, seq, torch.Generator().manual_seed(seed), device=dev)
+    first = next(it)
+    run = _runner(model, opt, mode, graph, [t.clone() for t in first])
+    eval_every = eval_every or max(steps // 5, 1)
+    bar = Progress(steps, progress)
+    train_time, history, batch = 0.0, [], first
+    for i in range(1, steps + 1):
+        t = time.perf_counter()
+        _set_lr(opt, lr, i - 1, steps)
+        run(batch)
+        batch = next(it)
+        if dev.type == "cuda" and i % eval_every == 0:
+            torch.cuda.synchronize()
+        train_time += time.perf_counter() - t
+        if i % eval_every == 0 or i == steps:
+            ppl = evaluate_lm(model, va, seq, dev)
+            history.append({"step": i, "val_perplexity": ppl})
+            bar.update(i, f"val ppl {ppl:.2f}")
+        elif i % 5 == 0:
+            bar.update(i)
+    bar.close()
+    return {"model": "transformer", "data": text, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
+            "steps": steps, "batch_size": batch_size, "seq": seq, "perplexity": history[-1]["val_perplexity"],
+            "examples_per_s": steps * batch_size / max(train_time, 1e-9), "tokens_per_s":
+            steps * batch_size * seq / max(train_time, 1e-9), "peak_memory_mb": _peak_memory_mb(dev),
+            "history": history}
+
+
+def write_json(result: dict, path: str | None):
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
