@@ -116,10 +116,10 @@ class Scheduler:
         self.last_trace = []
         _local.active = self
         self._in_step = True
-        caller = None
+        caller = self._caller = None
         try:
             if self._use_streams():
-                caller = torch.cuda.current_stream(self._cuda_device)
+                caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 s0 = self._ring_stream(0)
                 s0.wait_stream(caller)
                 torch.cuda.set_stream(s0)
@@ -128,11 +128,7 @@ class Scheduler:
         finally:
             try:
                 if caller is not None:
-                    used = {self._plan.stream_of(i) for i in range(self._seg + 1)}
-                    for k in sorted(used):
-                        caller.wait_stream(self._ring_stream(k))
-                        self.last_trace.append(("join", k))
-                    torch.cuda.set_stream(caller)
+                    self._join()
                 self._keep = []
                 self._bwd_events = {}
             finally:
@@ -156,7 +152,7 @@ class Scheduler:
         self._seg_leaves[seg] = leaves
         self.last_trace.append(("bwd", seg, plan.stream_of(seg), tuple(after)))
         nxt = seg + 1
-        self.last_trace.append(("fwd", nxt, plan.stream_of(nxt)))
+        self.last_trace.append(("fwd", nxt, "caller" if head.final else plan.stream_of(nxt)))
         self._seg = nxt
         if not self._use_streams():
             return head.apply_loss(h, target)
@@ -166,12 +162,26 @@ class Scheduler:
             cur.wait_event(self._bwd_events[j])
         out = head.apply_loss(h, target)  # head kernel + block backward, queued on `cur`
         self._bwd_events[seg] = cur.record_event()
+        if head.final:
+            # After the top head comes the optimizer: it must see every gradient,
+            # so the caller's stream joins the ring here rather than at exit.
+            self._join()
+            self._keep.append(out)
+            return out
         s_next = self._ring_stream(plan.stream_of(nxt))
         if s_next is not cur:
             s_next.wait_event(fwd_done)
             self._keep.append(out)
         torch.cuda.set_stream(s_next)
         return out
+
+    def _join(self):
+        """The caller's stream waits for every ring stream used so far, and becomes current."""
+        used = {self._plan.stream_of(i) for i in range(self._seg + 1)}
+        for k in sorted(used):
+            self._caller.wait_stream(self._ring_stream(k))
+            self.last_trace.append(("join", k))
+        torch.cuda.set_stream(self._caller)
 
     # --------------------------------------------------------------- CUDA graphs
     def capture(self, step_fn, *static_inputs, warmup: int = 3):

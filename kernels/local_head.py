@@ -22,6 +22,8 @@ resets them, so consecutive launches on one stream need no memset.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -104,27 +106,33 @@ def _store_grad(p_out, val, mask, ACCUMULATE: tl.constexpr):
 
 
 @triton.jit
-def _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, G, C, D, c0, d0, with_bias,
-                     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-                     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    # grad_W[c0:c0+BC, d0:d0+BR] = sum over g, in order, of part[g]  (deterministic)
-    o_c = c0 + tl.arange(0, BLOCK_C)
-    o_d = d0 + tl.arange(0, BLOCK_R)
-    m_c = o_c < C
-    m = m_c[:, None] & (o_d < D)[None, :]
-    o = o_c.to(tl.int64)[:, None] * D + o_d[None, :]
-    b_acc = tl.zeros([BLOCK_C, BLOCK_R], dtype=tl.float32)
-    p_part = part_ptr + o
-    for g in range(0, G):
-        b_acc += tl.load(p_part, mask=m, other=0.0, cache_modifier=".cg")
-        p_part += C * D
-    _store_grad(gw_ptr + o, b_acc, m, ACCUMULATE)
+def _sum_vec(ptr, n, BLOCK: tl.constexpr):
+    # Fixed-order sum of n fp32 values written by other programs (vector loads, not a scalar chain).
+    b_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i0 in range(0, n, BLOCK):
+        o = i0 + tl.arange(0, BLOCK)
+        b_acc += tl.load(ptr + o, mask=o < n, other=0.0, cache_modifier=".cg")
+    return tl.sum(b_acc, axis=0)
+
+
+@triton.jit
+def _reduce_rows(part_ptr, stride_g, G, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                 HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, WITH_LOSS: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):
+    # Group partial rows are [grad_W (C*D) | grad_b (C) | loss (1)]; column chunk r of
+    # their sum over g (fixed order) goes to grad_W, grad_b and the loss.
+    o_e = r * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_e = o_e < CD + C + 1
+    b_acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        o_g = g0 + tl.arange(0, BLOCK_G)
+        p = part_ptr + o_g.to(tl.int64)[:, None] * stride_g + o_e[None, :]
+        b_acc += tl.sum(tl.load(p, mask=(o_g < G)[:, None] & m_e[None, :], other=0.0, cache_modifier=".cg"), axis=0)
+    _store_grad(gw_ptr + o_e, b_acc, o_e < CD, ACCUMULATE)
     if HAS_BIAS:
-        if with_bias:
-            b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
-            for g in range(0, G):
-                b_gb += tl.load(part_b_ptr + g * C + o_c, mask=m_c, other=0.0, cache_modifier=".cg")
-            _store_grad(gb_ptr + o_c, b_gb, m_c, ACCUMULATE)
+        _store_grad(gb_ptr + (o_e - CD), b_acc, (o_e >= CD) & (o_e < CD + C), ACCUMULATE)
+    if WITH_LOSS:
+        tl.store(loss_ptr + (o_e - CD - C), b_acc * scale, mask=o_e == CD + C)
 
 
 # ----------------------------------------------------------------------- dense kernel
@@ -138,44 +146,58 @@ def _dense_head_kernel(
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b, bias's dtype
     loss_ptr,     # [1] out: loss, fp32
-    part_ptr,     # [G, C, D] fp32 workspace: grad_W per row group
-    part_b_ptr,   # [G, C] fp32 workspace: grad_b per row group
-    part_l_ptr,   # [G] fp32 workspace: loss sum per row group
+    part_ptr,     # [G, stride_g] fp32 workspace: per row group [grad_W | grad_b | loss]
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
-    N, D, C, stride_h, ignore_index, inv_count,
+    N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+    SINGLE_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    CD = C * D
     o_c = tl.arange(0, BLOCK_C)
     m_c = o_c < C
+    if SINGLE_CHUNK:  # the whole weight fits one tile: load it once per program
+        o_d1 = tl.arange(0, BLOCK_D)
+        m_cd1 = m_c[:, None] & (o_d1 < D)[None, :]
+        b_w1 = tl.load(w_ptr + o_c[:, None] * D + o_d1[None, :], mask=m_cd1, other=0.0)
 
     # ---- phase A: row groups -> grad_h, and per-group partials of grad_W, grad_b, loss
     g = _claim(ctr_ptr + 2)
     while g < n_groups:
         t_lo = g * tiles_per_group
         t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
+        p_row = part_ptr + g.to(tl.int64) * stride_g
         b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
         b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if SINGLE_CHUNK:
+            b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
         for t in range(t_lo, t_hi):
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             # pass 1: logits z [BLOCK_N, BLOCK_C]
-            b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-            for d0 in range(0, D, BLOCK_D):
-                o_d = d0 + tl.arange(0, BLOCK_D)
-                m_d = o_d < D
-                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-                b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+            if SINGLE_CHUNK:
+                b_h1 = tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_n[:, None] & (o_d1 < D)[None, :], other=0.0)
                 if BLOCK_C == 1:
-                    b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
+                    b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                 else:
-                    b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+                    b_z = _dot(b_h1, tl.trans(b_w1), DOT_FP32, PRECISION)
+            else:
+                b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+                for d0 in range(0, D, BLOCK_D):
+                    o_d = d0 + tl.arange(0, BLOCK_D)
+                    m_d = o_d < D
+                    b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                    b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+                    if BLOCK_C == 1:
+                        b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
+                    else:
+                        b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
             if HAS_BIAS:
                 b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
             m_nc = m_n[:, None] & m_c[None, :]
@@ -203,42 +225,49 @@ def _dense_head_kernel(
                 b_dz = tl.where(m_nc, b_dz, 0.0)
             b_gb += tl.sum(b_dz, axis=0)
             # pass 2: grad_h = dz W, group partial of grad_W += dz^T h
-            first = t == t_lo
-            for d0 in range(0, D, BLOCK_D):
-                o_d = d0 + tl.arange(0, BLOCK_D)
-                m_d = o_d < D
-                m_cd = m_c[:, None] & m_d[None, :]
-                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-                b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
+            if SINGLE_CHUNK:
                 if BLOCK_C == 1:
-                    b_gh = b_dz * b_w.to(tl.float32)
-                    b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
+                    b_gh = b_dz * b_w1.to(tl.float32)
+                    b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
                 else:
-                    b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
-                    b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
-                tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
-                         mask=m_n[:, None] & m_d[None, :])
-                p_part = part_ptr + g.to(tl.int64) * C * D + o_c[:, None] * D + o_d[None, :]
-                if not first:
-                    b_gw += tl.load(p_part, mask=m_cd, other=0.0)
-                tl.store(p_part, b_gw, mask=m_cd)
-        tl.store(part_b_ptr + g * C + o_c, b_gb, mask=m_c)
-        tl.store(part_l_ptr + g, tl.sum(b_loss, axis=0))
+                    b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
+                    b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
+                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], b_gh.to(gh_ptr.dtype.element_ty),
+                         mask=m_n[:, None] & (o_d1 < D)[None, :])
+            else:
+                first = t == t_lo
+                for d0 in range(0, D, BLOCK_D):
+                    o_d = d0 + tl.arange(0, BLOCK_D)
+                    m_d = o_d < D
+                    m_cd = m_c[:, None] & m_d[None, :]
+                    b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                    b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
+                    if BLOCK_C == 1:
+                        b_gh = b_dz * b_w.to(tl.float32)
+                        b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
+                    else:
+                        b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
+                        b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
+                    tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
+                             mask=m_n[:, None] & m_d[None, :])
+                    p_part = p_row + o_c[:, None] * D + o_d[None, :]
+                    if not first:
+                        b_gw += tl.load(p_part, mask=m_cd, other=0.0)
+                    tl.store(p_part, b_gw, mask=m_cd)
+        if SINGLE_CHUNK:
+            tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
+        tl.store(p_row + CD + o_c, b_gb, mask=m_c)
+        tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
         _item_done(ctr_ptr + 3)
         g = _claim(ctr_ptr + 2)
     _wait_all(ctr_ptr + 3, n_groups)
 
-    # ---- phase R: fixed-order sums of the partials -> grad_W, grad_b, loss
-    n_r = tl.cdiv(D, BLOCK_R)
+    # ---- phase R: fixed-order sums of the group rows -> grad_W, grad_b, loss
+    n_r = tl.cdiv(CD + C + 1, BLOCK_R)
     r = _claim(ctr_ptr + 6)
     while r < n_r:
-        _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, n_groups, C, D, 0, r * BLOCK_R, r == 0,
-                         HAS_BIAS, ACCUMULATE, BLOCK_C, BLOCK_R)
-        if r == 0:
-            b_tot = tl.zeros([1], dtype=tl.float32)
-            for gg in range(0, n_groups):
-                b_tot += tl.load(part_l_ptr + gg + tl.arange(0, 1), cache_modifier=".cg")
-            tl.store(loss_ptr + tl.arange(0, 1), b_tot * scale)
+        _reduce_rows(part_ptr, stride_g, n_groups, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                     HAS_BIAS, ACCUMULATE, True, BLOCK_G, BLOCK_R)
         r = _claim(ctr_ptr + 6)
     _exit(ctr_ptr, n_programs, N_CTR)
 
@@ -254,21 +283,22 @@ def _vocab_ce_kernel(
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
-    lse_ptr,      # [N] fp32 workspace: log-sum-exp per row (phase A -> phase B)
-    part_l_ptr,   # [n_tiles] fp32 workspace: loss sum per row tile
-    part_ptr,     # [G, C, D] fp32 workspace: grad_W per row group (only when G > 1)
-    part_b_ptr,   # [G, C] fp32 workspace: grad_b per row group (only when G > 1)
+    ws_ptr,       # fp32 workspace: lse [N] | loss per row tile [n_tiles] | group rows [G, stride_g] (G > 1)
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
-    N, D, C, stride_h, ignore_index, inv_count,
+    N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
-    BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    lse_ptr = ws_ptr
+    part_l_ptr = ws_ptr + N
+    part_ptr = ws_ptr + N + n_tiles
     n_dc = tl.cdiv(D, BLOCK_DC)
     n_v = tl.cdiv(C, BLOCK_V)
 
@@ -315,20 +345,18 @@ def _vocab_ce_kernel(
         tl.store(gh_ptr + o_n[:, None] * D + o_dc[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_n[:, None] & m_dc[None, :])
         if dc == 0:
             tl.store(lse_ptr + o_n, b_lse, mask=m_n)
-            tl.store(part_l_ptr + t, tl.sum(tl.where(m_row, b_lse - b_zt, 0.0), axis=0))
+            tl.store(part_l_ptr + t + tl.arange(0, 1),
+                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
         _item_done(ctr_ptr + 3)
         item = _claim(ctr_ptr + 2)
     _wait_all(ctr_ptr + 3, n_a)
 
-    # ---- phase B: (vocab tile, row group, D chunk) -> grad_W, grad_b (or group partials)
+    # ---- phase B: (vocab tile, row group, D chunk) -> grad_W, grad_b (or group rows)
     n_b = n_v * n_groups * n_dc
     item = _claim(ctr_ptr + 4)
     while item < n_b:
         if item == 0:
-            b_tot = tl.zeros([1], dtype=tl.float32)
-            for tt in range(0, n_tiles):
-                b_tot += tl.load(part_l_ptr + tt + tl.arange(0, 1), cache_modifier=".cg")
-            tl.store(loss_ptr + tl.arange(0, 1), b_tot * scale)
+            tl.store(loss_ptr + tl.arange(0, 1), _sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
         v = item // (n_groups * n_dc)
         g = (item // n_dc) % n_groups
         dc = item % n_dc
@@ -368,22 +396,21 @@ def _vocab_ce_kernel(
                 if dc == 0:
                     _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
         else:
-            tl.store(part_ptr + g.to(tl.int64) * C * D + o_w, b_acc, mask=m_w)
+            p_row = part_ptr + g.to(tl.int64) * stride_g
+            tl.store(p_row + o_w, b_acc, mask=m_w)
             if dc == 0:
-                tl.store(part_b_ptr + g * C + o_v, b_gb, mask=m_v)
+                tl.store(p_row + C * D + o_v, b_gb, mask=m_v)
         _item_done(ctr_ptr + 5)
         item = _claim(ctr_ptr + 4)
 
     # ---- phase R (only with several row groups): fixed-order sum over groups
     if n_groups > 1:
         _wait_all(ctr_ptr + 5, n_b)
-        n_r = tl.cdiv(C, BLOCK_V) * tl.cdiv(D, BLOCK_R)
+        n_r = tl.cdiv(C * D + C, BLOCK_R)
         r = _claim(ctr_ptr + 6)
         while r < n_r:
-            rv = r // tl.cdiv(D, BLOCK_R)
-            rd = r % tl.cdiv(D, BLOCK_R)
-            _reduce_partials(part_ptr, part_b_ptr, gw_ptr, gb_ptr, n_groups, C, D, rv * BLOCK_V, rd * BLOCK_R,
-                             rd == 0, HAS_BIAS, ACCUMULATE, BLOCK_V, BLOCK_R)
+            _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                         HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
             r = _claim(ctr_ptr + 6)
     _exit(ctr_ptr, n_programs, N_CTR)
 
@@ -423,31 +450,96 @@ def _workspace(device: torch.device) -> _Workspace:
     return ws
 
 
-def _blocks(loss: str, N: int, D: int, C: int, dtype: torch.dtype, cfg: LaunchConfig, cuda: bool) -> dict:
-    """Host rule for tile sizes (cached per shape class by the caller's kernel cache)."""
+def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
     dp = next_pow2(D)
-    if loss != "ce" or C <= MAX_DENSE_C:
-        block_c = 1 if C == 1 else max(16, next_pow2(C))
-        if cuda:
-            bd = cfg.block_d or min(dp, 256 if block_c <= 16 else 128)
-            bn = cfg.block_n or (64 if block_c <= 16 else 32)
-        else:  # interpreter: cost is per op, so take big tiles
-            bd = cfg.block_d or min(dp, 256)
-            bn = cfg.block_n or 64
-        return dict(BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=max(bd, 16), BLOCK_R=min(max(dp, 16), 128),
-                    num_warps=cfg.num_warps or (8 if cuda else 4))
+    block_c = 1 if C == 1 else max(16, next_pow2(C))
+    if cfg.block_d:
+        bd = cfg.block_d
+    elif dp <= 1024 and block_c * dp <= 8192:
+        bd = max(dp, 16)  # whole rows in one tile: h is read once, W once per program
+    else:
+        bd = 128
+    bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
+    if not cuda:  # interpreter: cost is per op, so take big tiles
+        bn = cfg.block_n or max(64, bn)
+    return dict(SINGLE_CHUNK=bd >= D, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd, BLOCK_G=64, BLOCK_R=64,
+                num_warps=cfg.num_warps or (8 if bn * bd >= 8192 else 4))
+
+
+def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+    dp = max(next_pow2(D), 16)
     if cuda:
-        bn = cfg.block_n or 64
-        bv = cfg.block_v or 64
-        bdc = cfg.block_d or min(max(dp, 16), 256)
-        bk = min(max(dp, 16), 64)
+        bn, bv, bdc, bk = cfg.block_n or 64, cfg.block_v or 128, cfg.block_d or min(dp, 256), min(dp, 64)
     else:  # interpreter: fewer, bigger tiles
-        bn = cfg.block_n or 128
-        bv = cfg.block_v or 512
-        bdc = cfg.block_d or min(max(dp, 16), 256)
-        bk = min(max(dp, 16), 256)
-    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_R=min(max(dp, 16), 128),
-                num_warps=cfg.num_warps or (8 if cuda else 4))
+        bn, bv, bdc, bk = cfg.block_n or 128, cfg.block_v or 512, cfg.block_d or min(dp, 256), min(dp, 256)
+    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=64, BLOCK_R=64,
+                num_warps=cfg.num_warps or 8)
+
+
+class _Plan:
+    """Everything about a launch that does not depend on N, computed once per key."""
+
+    __slots__ = ("kernel", "dense", "constexprs", "num_warps", "p_occ", "fast")
+
+    def __init__(self, kernel, dense, constexprs, num_warps):
+        self.kernel, self.dense, self.constexprs, self.num_warps = kernel, dense, constexprs, num_warps
+        self.p_occ = None
+        self.fast = {}  # alignment/divisibility key -> compiled kernel (direct launch)
+
+
+_PLANS: dict = {}
+
+
+def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision) -> _Plan:
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision)
+    p = _PLANS.get(key)
+    if p is not None:
+        return p
+    dense = loss != "ce" or C <= MAX_DENSE_C
+    blk = _dense_blocks(D, C, cfg, cuda) if dense else _vocab_blocks(D, cfg, cuda)
+    num_warps = blk.pop("num_warps")
+    cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR, **blk)
+    if dense:
+        cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
+        kernel = _dense_head_kernel
+    else:
+        cx.update(CE_MEAN=reduction == "mean")
+        kernel = _vocab_ce_kernel
+    names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
+    cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
+    p = _PLANS[key] = _Plan(kernel, dense, cx, num_warps)
+    return p
+
+
+def _align_key(args) -> tuple:
+    # What Triton specializes on: tensor dtype and 16-byte alignment, int == 1 and % 16.
+    # (Ints that vary per call are in do_not_specialize and passed as such.)
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
+                 (a == 1, a % 16 == 0) if type(a) is int else None for a in args)
+
+
+def _launch(plan: _Plan, P: int, args: tuple, spec_args: tuple, device: torch.device):
+    if device.type != "cuda":
+        plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
+        return
+    key = _align_key(spec_args)
+    ck = plan.fast.get(key)
+    if ck is None:
+        ck = plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
+        if hasattr(ck, "run") and hasattr(ck, "function"):
+            plan.fast[key] = ck
+        return
+    # Direct launch of the compiled kernel: Triton's generic dispatch (argument binding,
+    # cache-key hashing) costs more host time than the whole head on small batches.
+    stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+    ck.run(P, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *plan.constexprs.values())
+
+
+def _program_count(plan: _Plan, args, device, cfg: LaunchConfig) -> int:
+    if plan.p_occ is None or device.type != "cuda":
+        plan.p_occ = num_programs(plan.kernel, id(plan), lambda: plan.kernel.warmup(
+            *args, grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy)
+    return plan.p_occ
 
 
 def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
@@ -468,67 +560,44 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
         grad_h.fill_(float("nan"))
         loss_out.fill_(float("nan"))
     has_bias = bias is not None
-    b_arg = bias if has_bias else weight
-    gb_arg = grad_bias if has_bias else grad_weight
-    mean = reduction == "mean"
     dot_fp32 = interpreting()
     precision = "ieee"
     if not dot_fp32 and h2.dtype == torch.float32:
         precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
-    blk = _blocks(loss, N, D, C, h2.dtype, cfg, cuda)
-    num_warps = blk.pop("num_warps")
-    common = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision,
-                  N_CTR=_N_CTR, **blk)
-    n_tiles = triton.cdiv(N, blk["BLOCK_N"])
+    plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision)
+    cx = plan.constexprs
+    b_arg = bias if has_bias else weight
+    gb_arg = grad_bias if has_bias else grad_weight
+    bn = cx["BLOCK_N"]
+    n_tiles = triton.cdiv(N, bn)
+    stride_g = triton.cdiv(C * D + C + 1, 16) * 16
 
-    if loss != "ce" or C <= MAX_DENSE_C:
-        kernel = _dense_head_kernel
-        inv_count = 1.0 / (N * C) if mean else 1.0
-        common.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and mean))
+    def args(P, G, tpg, buf):
+        return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, buf, ws.ctr,
+                N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
 
-        def args(P, G, tpg, part, part_b, part_l):
-            return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, part, part_b, part_l, ws.ctr,
-                    N, D, C, h2.stride(0), ignore_index, inv_count, n_tiles, G, tpg, P)
-
-        key = (loss, tuple(sorted(common.items())), h2.dtype, weight.dtype, y.dtype)
-        P = num_programs(kernel, key, lambda: kernel.warmup(*args(1, 1, 1, ws.buf, ws.buf, ws.buf), grid=(1,),
-                                                             num_warps=num_warps, **common),
-                         dev, num_warps, cfg.occupancy)
-        tpg = triton.cdiv(n_tiles, min(P, n_tiles))
-        G = triton.cdiv(n_tiles, tpg)
-        buf = ws.floats(G * C * D + G * C + G)
-        if POISON:
-            buf.fill_(float("nan"))
-        part = buf[: G * C * D]
-        part_b = buf[G * C * D: G * C * D + G * C]
-        part_l = buf[G * C * D + G * C: G * C * D + G * C + G]
-        kernel[(P,)](*args(P, G, tpg, part, part_b, part_l), num_warps=num_warps, **common)
-    else:
-        kernel = _vocab_ce_kernel
-        common.update(CE_MEAN=mean)
-        inv_count = 1.0
-
-        def args(P, G, tpg, lse, part_l, part, part_b):
-            return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, lse, part_l, part, part_b, ws.ctr,
-                    N, D, C, h2.stride(0), ignore_index, inv_count, n_tiles, G, tpg, P)
-
-        key = ("ce-vocab", tuple(sorted(common.items())), h2.dtype, weight.dtype, y.dtype)
-        P = num_programs(kernel, key, lambda: kernel.warmup(*args(1, 1, 1, ws.buf, ws.buf, ws.buf, ws.buf),
-                                                             grid=(1,), num_warps=num_warps, **common),
-                         dev, num_warps, cfg.occupancy)
-        n_v = triton.cdiv(C, blk["BLOCK_V"])
-        n_dc = triton.cdiv(D, blk["BLOCK_DC"])
-        # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
-        G = 1 if n_v * n_dc >= P else min(triton.cdiv(P, n_v * n_dc), n_tiles)
+    if plan.dense:
+        inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
+        p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
+        G = min(p_occ, n_tiles)
         tpg = triton.cdiv(n_tiles, G)
         G = triton.cdiv(n_tiles, tpg)
-        n_part = G * C * D + G * C if G > 1 else 0
-        buf = ws.floats(N + n_tiles + n_part)
-        if POISON:
-            buf.fill_(float("nan"))
-        lse = buf[:N]
-        part_l = buf[N: N + n_tiles]
-        part = buf[N + n_tiles: N + n_tiles + G * C * D] if G > 1 else buf
-        part_b = buf[N + n_tiles + G * C * D: N + n_tiles + n_part] if G > 1 else buf
-        kernel[(P,)](*args(P, G, tpg, lse, part_l, part, part_b), num_warps=num_warps, **common)
+        n_r = triton.cdiv(C * D + C + 1, cx["BLOCK_R"])
+        P = min(p_occ, max(G, n_r))  # no program without work
+        buf = ws.floats(G * stride_g)
+    else:
+        inv_count = 1.0
+        p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
+        n_v = triton.cdiv(C, cx["BLOCK_V"])
+        n_dc = triton.cdiv(D, cx["BLOCK_DC"])
+        # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
+        G = 1 if n_v * n_dc >= p_occ else min(triton.cdiv(p_occ, n_v * n_dc), n_tiles)
+        tpg = triton.cdiv(n_tiles, G)
+        G = triton.cdiv(n_tiles, tpg)
+        P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
+        buf = ws.floats(N + n_tiles + (G * stride_g if G > 1 else 0))
+    if POISON:
+        buf.fill_(float("nan"))
+    a = args(P, G, tpg, buf)
+    _launch(plan, P, a, (h2, weight, b_arg, y, grad_weight, gb_arg, D, C, h2.stride(0), stride_g), dev)
     return loss_out.view(()), grad_h

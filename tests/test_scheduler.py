@@ -170,7 +170,7 @@ def test_erase_trace_is_a_ring():
         model(x, y)
     assert sched.last_trace == [
         ("fwd", 0, 0), ("bwd", 0, 0, ()), ("fwd", 1, 1), ("bwd", 1, 1, ()), ("fwd", 2, 0),
-        ("bwd", 2, 0, ()), ("fwd", 3, 1),
+        ("bwd", 2, 0, ()), ("fwd", 3, "caller"),
     ]
 
 
