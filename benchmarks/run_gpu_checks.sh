@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
-#   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]     parts: tests head schedule study
-# Installs the project (no network needed), runs the GPU tests and the benchmarks,
-# and leaves CSVs (with GPU name, torch and triton versions) in RESULTS_DIR.
+#   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
+#   parts: tests host head schedule sweep trace bench   (default: all)
+# Installs the project (no network needed), runs the GPU tests and the studies, and
+# leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
+# Per-part time limits come from T_<PART> (seconds).
 set -u
 RES=${1:-benchmarks/results}; shift || true
-PARTS=${*:-tests head schedule}
+PARTS=${*:-tests host head schedule sweep trace bench}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 if ls .whl/*.whl >/dev/null 2>&1; then  # optional baselines carried as wheels (liger-kernel)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
+ET="python3 -m erase_triton.cli"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for p in $PARTS; do
   echo "=== $p $(date +%T)"
   case $p in
-    tests)    timeout ${T_TESTS:-300} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 tests/test_gpu.py tests/test_local_head.py -k "gpu or N781 or sum_reduction or deterministic" 2>&1 | tail -25 ;;
+    tests)    timeout ${T_TESTS:-300} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
+                tests/test_local_head.py -k "gpu or N781 or sum_reduction or deterministic" 2>&1 | tail -30 ;;
+    host)     timeout ${T_HOST:-60} python3 benchmarks/profile_host.py 2>&1 | head -40 ;;
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ;;
-    schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ;;
-    study)    timeout ${T_STUDY:-500} python3 benchmarks/bench_study.py --out "$RES" ;;
+    schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" | grep -v "^{" ;;
+    sweep)    timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" | grep -v "^{" ;;
+    trace)    timeout ${T_TRACE:-120} python3 -P -m erase_triton.cli trace --out "$RES/trace" ;;
+    bench)    timeout ${T_BENCH:-400} python3 -P -m erase_triton.cli bench --out "$RES" | grep -v "^{" ;;
   esac
 done
 echo "=== done $(date +%T)"

@@ -68,6 +68,14 @@ def _leaves_of(t: torch.Tensor) -> frozenset:
     return frozenset(out)
 
 
+def _labelled(head, h, target, seg: int):
+    """head.apply_loss, inside a profiler range when a profiler runs (for trace timelines)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(f"erase::backward {seg}"):
+            return head.apply_loss(h, target)
+    return head.apply_loss(h, target)
+
+
 class Scheduler:
     """Runs LocalHead detach points in one of MODES; see the module docstring.
 
@@ -112,6 +120,7 @@ class Scheduler:
         self._seg = 0
         self._keep = []          # tensors read on a stream other than their allocator's
         self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
+        self._forked = set()     # ring streams that joined this step (and must be joined back)
         self._seg_leaves = {}
         self.last_trace = []
         _local.active = self
@@ -122,6 +131,7 @@ class Scheduler:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 s0 = self._ring_stream(0)
                 s0.wait_stream(caller)
+                self._forked = {0}
                 torch.cuda.set_stream(s0)
             self.last_trace.append(("fwd", 0, self._plan.stream_of(0)))
             yield self
@@ -141,7 +151,7 @@ class Scheduler:
         if self.mode != "erase":
             self.last_trace.append(("bwd", seg, 0, ()))
             self._seg += 1
-            return head.apply_loss(h, target)
+            return _labelled(head, h, target, seg)
         plan = self._plan
         key = (id(head), seg)
         leaves = self._leaf_cache.get(key)
@@ -155,12 +165,12 @@ class Scheduler:
         self.last_trace.append(("fwd", nxt, "caller" if head.final else plan.stream_of(nxt)))
         self._seg = nxt
         if not self._use_streams():
-            return head.apply_loss(h, target)
+            return _labelled(head, h, target, seg)
         cur = self._ring_stream(plan.stream_of(seg))
         fwd_done = cur.record_event()
         for j in after:
             cur.wait_event(self._bwd_events[j])
-        out = head.apply_loss(h, target)  # head kernel + block backward, queued on `cur`
+        out = _labelled(head, h, target, seg)  # head kernel + block backward, queued on `cur`
         self._bwd_events[seg] = cur.record_event()
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
@@ -171,16 +181,17 @@ class Scheduler:
         s_next = self._ring_stream(plan.stream_of(nxt))
         if s_next is not cur:
             s_next.wait_event(fwd_done)
+            self._forked.add(plan.stream_of(nxt))
             self._keep.append(out)
         torch.cuda.set_stream(s_next)
         return out
 
     def _join(self):
-        """The caller's stream waits for every ring stream used so far, and becomes current."""
-        used = {self._plan.stream_of(i) for i in range(self._seg + 1)}
-        for k in sorted(used):
+        """The caller's stream waits for every ring stream this step forked, and becomes current."""
+        for k in sorted(self._forked):
             self._caller.wait_stream(self._ring_stream(k))
             self.last_trace.append(("join", k))
+        self._forked = set()
         torch.cuda.set_stream(self._caller)
 
     # --------------------------------------------------------------- CUDA graphs

@@ -25,6 +25,7 @@ class LaunchConfig:
     occupancy:      fraction of the SMs the persistent grid may fill (0 < x <= 1);
                     None fills the whole device.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule.
+    num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
     """
@@ -34,6 +35,7 @@ class LaunchConfig:
     block_d: int | None = None
     block_v: int | None = None
     num_warps: int | None = None
+    num_stages: int | None = None
     fp32_precision: str | None = None
 
     def __post_init__(self):

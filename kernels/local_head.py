@@ -151,7 +151,7 @@ def _dense_head_kernel(
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
-    SINGLE_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     N_CTR: tl.constexpr,
 ):
@@ -177,7 +177,7 @@ def _dense_head_kernel(
         b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
         if SINGLE_CHUNK:
             b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-        for t in range(t_lo, t_hi):
+        for t in tl.range(t_lo, t_hi, num_stages=NUM_STAGES):
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             # pass 1: logits z [BLOCK_N, BLOCK_C]
@@ -462,8 +462,10 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
     bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
     if not cuda:  # interpreter: cost is per op, so take big tiles
         bn = cfg.block_n or max(64, bn)
-    return dict(SINGLE_CHUNK=bd >= D, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd, BLOCK_G=64, BLOCK_R=64,
-                num_warps=cfg.num_warps or (8 if bn * bd >= 8192 else 4))
+    # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
+    warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
+    return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=cfg.num_stages or 1, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
+                BLOCK_G=64, BLOCK_R=64, num_warps=cfg.num_warps or warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:

@@ -1,0 +1,197 @@
+"""Plots from result CSVs (matplotlib, headless). `erase-triton plot FILE.csv ...` picks
+the plot from the file's columns, so committed H200 results can be drawn on any machine."""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "head": "#C44E52", "optimizer": "#8C8C8C"}
+
+
+def _f(r, k, default=float("nan")):
+    try:
+        return float(r[k])
+    except (KeyError, TypeError, ValueError):
+        return default
+
+
+def _gpu(rows) -> str:
+    r = rows[0] if rows else {}
+    return f"{r.get('gpu', '?')}, torch {r.get('torch', '?')}, triton {r.get('triton', '?')}"
+
+
+def plot_timeline(kernels: list[dict], path: str, title: str = ""):
+    """One lane per CUDA stream; bars coloured by phase (forward / backward / head / optimizer)."""
+    streams = sorted({k["stream"] for k in kernels})
+    lane = {s: i for i, s in enumerate(streams)}
+    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(streams)))
+    for phase, color in PHASE_COLORS.items():
+        bars = [(k["start"], max(k["end"] - k["start"], 0.3)) for k in kernels if k["phase"] == phase]
+        for s in streams:
+            b = [(k["start"], max(k["end"] - k["start"], 0.3)) for k in kernels if k["phase"] == phase and k["stream"] == s]
+            if b:
+                ax.broken_barh(b, (lane[s] - 0.4, 0.8), color=color)
+        if bars:
+            ax.plot([], [], color=color, lw=8, label=phase)
+    ax.set_yticks(range(len(streams)))
+    ax.set_yticklabels([f"stream {s}" for s in streams])
+    ax.set_xlabel("time (µs)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper right", ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(rows: list[dict], path: str):
+    """Step time against occupancy, one panel per model size; the best setting marked."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))].append(r)
+    n = len(groups)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    for ax, (key, rs) in zip(axes[0], groups.items()):
+        series = defaultdict(list)
+        for r in rs:
+            series[f"{r['exec']}, ring {r['streams']}"].append((_f(r, "occupancy"), _f(r, "ms")))
+        for label, pts in series.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            best = min(pts, key=lambda p: p[1])
+            ax.scatter([best[0]], [best[1]], s=120, facecolors="none", edgecolors="k")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("head occupancy (fraction of SMs)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(f"{key[0]} w{key[1]} b{key[2]}" + (f" s{key[3]}" if key[3] else ""), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"erase step time vs occupancy ({_gpu(rows)}); circles: best", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bench(rows: list[dict], path: str):
+    """Throughput relative to graphed e2e, per model size: erase, sequential, compile."""
+    by = defaultdict(dict)
+    for r in rows:
+        if "ms" in r and r["ms"] not in ("", None):
+            by[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))][(r["exec"], r["mode"])] = _f(r, "ms")
+    models = sorted({k[0] for k in by})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        keys = [k for k in by if k[0] == m]
+        labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
+        variants = [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("eager", "erase")]
+        width = 0.8 / len(variants)
+        for i, v in enumerate(variants):
+            base = [by[k].get(("graph", "e2e"), float("nan")) for k in keys]
+            vals = [b / by[k].get(v, float("nan")) for b, k in zip(base, keys)]
+            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=f"{v[1]} ({v[0]})")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel("speedup over graphed e2e")
+        ax.set_title(m)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Speedup curves ({_gpu(rows)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_schedule(rows: list[dict], path: str):
+    """bench_schedule.py summary: graphed erase vs sequential and fused vs PyTorch heads."""
+    rs = [r for r in rows if "graph_erase_vs_seq" in r]
+    labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}" for r in rs]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 4))
+    series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
+              ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"), ("eager_erase_vs_seq", "erase / sequential (eager)")]
+    w = 0.8 / len(series)
+    for i, (k, lab) in enumerate(series):
+        ax.bar([j + i * w for j in range(len(rs))], [_f(r, k) for r in rs], w, label=lab)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(rs))])
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speedup")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Step-time speedups ({_gpu(rows)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_local_head(rows: list[dict], path: str):
+    """Fused head time vs baselines per config, with the HBM/matmul floor."""
+    rs = [r for r in rows if r.get("us") and not r["variant"].startswith("ours ")]
+    cfgs = []
+    for r in rs:
+        k = (r["loss"], r["N"], r["D"], r["C"], r["dtype"])
+        if k not in cfgs:
+            cfgs.append(k)
+    variants = ["torch", "torch.compile", "liger", "ours"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cfgs)), 4.2))
+    w = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        vals = [next((_f(r, "us") for r in rs if (r["loss"], r["N"], r["D"], r["C"], r["dtype"]) == k
+                      and r["variant"] == v), float("nan")) for k in cfgs]
+        ax.bar([j + i * w for j in range(len(cfgs))], vals, w, label=v)
+    floors = [next(_f(r, "floor_us") for r in rs if (r["loss"], r["N"], r["D"], r["C"], r["dtype"]) == k) for k in cfgs]
+    ax.scatter([j + 0.4 - w / 2 for j in range(len(cfgs))], floors, marker="_", s=400, color="k", label="floor", zorder=3)
+    ax.set_yscale("log")
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cfgs))])
+    ax.set_xticklabels([f"{k[0]} N{k[1]}\nD{k[2]} C{k[3]}\n{k[4][:4]}" for k in cfgs], fontsize=7)
+    ax.set_ylabel("µs per head call (loss + all grads)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Fused local head ({_gpu(rows)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_quality(rows: list[dict], path: str):
+    """NE (ctr) or perplexity (transformer) per mode, mean ± std over seeds."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (model, metric) in zip(axes, [("ctr", "ne"), ("transformer", "perplexity")]):
+        rs = [r for r in rows if r["model"] == model]
+        modes = [m for m in ("e2e", "sequential", "erase") if any(r["mode"] == m for r in rs)]
+        means = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_mean") for m in modes]
+        stds = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_std", 0.0) for m in modes]
+        ax.bar(modes, means, yerr=stds, capsize=4, color=["#4C72B0", "#55A868", "#DD8452"][:len(modes)])
+        lo = min(means) if means else 0
+        ax.set_ylim(lo * 0.95, max(means) * 1.03 if means else 1)
+        ax.set_title(f"{model}: {metric} (mean ± std over seeds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_file(csv_path: str, out_dir: str | None = None) -> str:
+    """Draw the plot that fits a result CSV's columns; returns the PNG path."""
+    from .study import read_csv
+
+    rows = read_csv(csv_path)
+    if not rows:
+        raise ValueError(f"{csv_path} has no rows")
+    cols = set(rows[0])
+    stem = os.path.splitext(os.path.basename(csv_path))[0]
+    folder = out_dir or os.path.dirname(csv_path) or "."
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, stem + ".png")
+    if {"occupancy", "streams", "ms"} <= cols:
+        plot_sweep(rows, out)
+    elif "graph_erase_vs_seq" in cols:
+        plot_schedule(rows, out)
+    elif {"variant", "floor_us"} <= cols:
+        plot_local_head(rows, out)
+    elif "ne_mean" in cols or "perplexity_mean" in cols:
+        plot_quality(rows, out)
+    elif {"exec", "mode", "ms"} <= cols:
+        plot_bench(rows, out)
+    else:
+        raise ValueError(f"{csv_path}: unknown result columns {sorted(cols)}")
+    return out

@@ -1,0 +1,329 @@
+"""The studies behind `erase-triton bench | sweep | trace`: speedup curves, occupancy
+sweeps and execution traces. Results are CSV (with GPU and versions) + PNG plots.
+
+Each study builds its models from `erase_triton.models`, runs every variant in one
+process on one GPU, and times steps with CUDA events (graphed: replays of a captured
+step; eager: the step as the host issues it).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .models.ctr import CTRConfig, CTRModel
+from .models.transformer import TinyTransformer
+from .reference import head_loss
+from .scheduler import Scheduler
+
+OCCUPANCIES = [1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
+
+
+# ---------------------------------------------------------------------------- helpers
+def metadata() -> dict:
+    import triton
+
+    m = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+         "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        m.update(gpu=p.name, sms=p.multi_processor_count)
+    else:
+        m.update(gpu="none (CPU)")
+    return m
+
+
+def write_csv(path: str, rows: list[dict], meta: dict | None = None):
+    meta = meta or metadata()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys + ["gpu", "torch", "triton"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "gpu": meta.get("gpu"), "torch": meta.get("torch"), "triton": meta.get("triton")})
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _median_ms(fn, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        ts = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(ts)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda.synchronize()
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+# --------------------------------------------------------------------------- workloads
+def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_000, emb_dim: int = 64,
+                 occupancy=None, backend="auto", device="cuda", seed=0):
+    """The DLRM-like proxy of DESIGN.md: 26 tables of rows x emb_dim, 13 dense features,
+    six dense subarchitectures of `width` with local BCE heads, and the final head."""
+    torch.manual_seed(seed)
+    cfg = CTRConfig(n_dense=13, cardinalities=[rows] * tables, emb_dim=emb_dim, width=width, depth=2,
+                    occupancy=occupancy, backend=backend)
+    model = CTRModel(cfg).to(device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dense = torch.randn(batch, 13, generator=g).to(device)
+    sparse = torch.randint(0, rows, (batch, tables), generator=g).to(device)
+    label = torch.rand(batch, generator=g).round().to(device)
+    return model, (dense, sparse, label)
+
+
+def transformer_workload(width: int, batch: int, seq: int, *, occupancy=None, backend="auto", device="cuda",
+                         dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
+                            backend=backend, occupancy=occupancy).to(device, dtype)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randint(0, 256, (batch, seq), generator=g).to(device)
+    y = torch.randint(0, 256, (batch, seq), generator=g).to(device)
+    return model, (x, y)
+
+
+def e2e_loss_fn(model):
+    """Plain end-to-end loss of a model (no LocalHead machinery): what torch.compile gets."""
+    if isinstance(model, CTRModel):
+        def fn(dense, sparse, label):
+            h = model.features(dense, sparse)
+            for sub in model.subarchs:
+                h = sub(h)
+            z = model.final_head.logits(model.over(h)).squeeze(-1)
+            return F.binary_cross_entropy_with_logits(z.float(), label.float())
+    else:
+        def fn(x, y):
+            h = model.embed(x)
+            for layer in model.layers:
+                h = layer(h)
+            z = model.heads[-1].logits(model.ln_f(h))
+            return head_loss(z.reshape(-1, z.shape[-1]).float(), y.reshape(-1), "ce", "mean", -100)
+    return fn
+
+
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
+    """Median step time (ms) of one mode; eager runs also report peak memory."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sched = Scheduler(mode, streams=streams)
+
+    def step(*xs):
+        opt.zero_grad(set_to_none=True)
+        model(*xs)
+        opt.step()
+
+    out = {}
+    if graphed:
+        replay = sched.capture(step, *inputs, warmup=3)
+        out["ms"] = _median_ms(replay, 30, 5)
+        del replay
+    else:
+        def run():
+            with sched.step():
+                step(*inputs)
+        for _ in range(3):
+            run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            run()
+            torch.cuda.synchronize()
+            out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        out["ms"] = _median_ms(run, 20, 3)
+    return out
+
+
+def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:
+    """torch.compile of the plain e2e step (forward + loss compiled; backward via AOTAutograd)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = torch.compile(e2e_loss_fn(model))
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(*inputs).backward()
+        opt.step()
+    return {"ms": _median_ms(run, 20, 5)}
+
+
+# ------------------------------------------------------------------------------- bench
+BENCH_CTR = [(512, 4096), (1024, 16384), (2048, 16384), (2048, 32768), (4096, 16384)]
+BENCH_TF = [(256, 32, 128), (512, 32, 128), (512, 32, 256), (1024, 32, 256), (2048, 16, 256)]
+
+
+def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, log=print) -> list[dict]:
+    """Speedup curves: erase (fused heads) vs sequential vs e2e vs torch.compile(e2e)."""
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    ctr = [(128, 512)] if not cuda else (BENCH_CTR[:2] if quick else BENCH_CTR)
+    tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
+    rows = []
+    cases = [("ctr", dict(width=w, batch=b), lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000))
+             for w, b in ctr]
+    cases += [("transformer", dict(width=w, batch=b, seq=s),
+               lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
+              for w, b, s in tf]
+    for name, desc, build in cases:
+        for graphed in ([False, True] if cuda else [False]):
+            for mode in ("e2e", "sequential", "erase"):
+                model, inputs = build()
+                r = dict(model=name, **desc, exec="graph" if graphed else "eager", mode=mode, **time_step(model, inputs, mode, graphed))
+                rows.append(r)
+                log(r)
+        if compile_baseline and cuda and desc["width"] in (512, 1024) and desc.get("seq", 256) == 256 or \
+                compile_baseline and cuda and name == "ctr" and desc["width"] in (1024, 2048) and desc["batch"] == 16384:
+            model, inputs = build()
+            try:
+                r = dict(model=name, **desc, exec="compile", mode="e2e", **time_compiled_e2e(model, inputs))
+            except Exception as e:  # a failing baseline must not lose the study
+                r = dict(model=name, **desc, exec="compile", mode="e2e", error=repr(e)[:200])
+            rows.append(r)
+            log(r)
+        if cuda:
+            torch.cuda.empty_cache()
+        write_csv(os.path.join(out_dir, "bench.csv"), rows)
+    return rows
+
+
+# ------------------------------------------------------------------------------- sweep
+def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
+    """Step time against the heads' SM fraction (and ring size), per model and size."""
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    occs = OCCUPANCIES[::2] + [1.0] if quick else OCCUPANCIES
+    if cuda:
+        cases = [("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),
+                 ("ctr", dict(width=2048, batch=32768), lambda o: ctr_workload(2048, 32768, occupancy=o)),
+                 ("transformer", dict(width=256, batch=32, seq=128), lambda o: transformer_workload(256, 32, 128, occupancy=o)),
+                 ("transformer", dict(width=1024, batch=32, seq=256), lambda o: transformer_workload(1024, 32, 256, occupancy=o))]
+        if quick:
+            cases = cases[::2]
+    else:
+        cases = [("ctr", dict(width=64, batch=256), lambda o: ctr_workload(64, 256, rows=1000, occupancy=o, device=dev))]
+    rows = []
+    for name, desc, build in cases:
+        for occ in occs:
+            for graphed, streams in ([(True, None), (True, 2), (False, None)] if cuda else [(False, None)]):
+                model, inputs = build(occ)
+                r = dict(model=name, **desc, occupancy=occ, streams=streams or "per-segment",
+                         exec="graph" if graphed else "eager", **time_step(model, inputs, "erase", graphed, streams))
+                rows.append(r)
+                log(r)
+        write_csv(os.path.join(out_dir, "sweep.csv"), rows)
+    return rows
+
+
+# ------------------------------------------------------------------------------- trace
+def _kernel_intervals(prof) -> list[dict]:
+    """(stream, start, end, name, phase) of every kernel; the phase comes from the
+    erase::* range (on the host) that was open when the kernel was launched."""
+    evs = list(prof.profiler.kineto_results.events())
+    ranges, launches, kernels = [], {}, []
+    for e in evs:
+        name = e.name()
+        if e.device_type() == torch.autograd.DeviceType.CUDA:
+            kernels.append(e)
+        elif name.startswith("erase::"):
+            ranges.append((e.start_ns(), e.start_ns() + e.duration_ns(), name.split("::")[1].split(" ")[0]))
+        elif "LaunchKernel" in name or "cudaGraphLaunch" in name or "cuLaunch" in name:
+            launches[e.correlation_id()] = e.start_ns()
+    out = []
+    for k in kernels:
+        t = launches.get(k.correlation_id())
+        phase = "forward"
+        if "head_kernel" in k.name() or "vocab_ce_kernel" in k.name():
+            phase = "head"
+        elif t is not None:
+            inner = [r for r in ranges if r[0] <= t <= r[1]]
+            if inner:
+                phase = min(inner, key=lambda r: r[1] - r[0])[2]
+        out.append(dict(stream=k.device_resource_id(), start=k.start_ns(), end=k.start_ns() + k.duration_ns(),
+                        name=k.name(), phase=phase))
+    t0 = min((k["start"] for k in out), default=0)
+    for k in out:
+        k["start"] = (k["start"] - t0) / 1e3
+        k["end"] = (k["end"] - t0) / 1e3
+    return out
+
+
+def trace(out_dir: str, steps: int = 3, log=print) -> list[dict]:
+    """Chrome traces + timeline PNGs of erase steps: the small transformer (overlap) and a
+    saturating MLP (nothing to overlap). Returns per-config overlap summaries."""
+    from .models.mlp import MLPChain
+    from .plots import plot_timeline
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("trace needs a CUDA device (kernel timelines come from CUPTI)")
+    os.makedirs(out_dir, exist_ok=True)
+    configs = [("transformer_w256_b32_s128", lambda: transformer_workload(256, 32, 128)),
+               ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
+               ("mlp_w4096_b32768_saturating", lambda: (MLPChain(4096, device="cuda", dtype=torch.bfloat16),
+                                                         (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
+                                                          torch.rand(32768, device="cuda").round().bfloat16())))]
+    summary = []
+    for name, build in configs:
+        model, inputs = build()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        sched = Scheduler("erase")
+
+        def run():
+            with sched.step():
+                opt.zero_grad(set_to_none=True)
+                model(*inputs)
+                with torch.profiler.record_function("erase::optimizer"):
+                    opt.step()
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                run()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(os.path.join(out_dir, f"trace_{name}.json"))
+        ks = _kernel_intervals(prof)
+        busy = _union([(k["start"], k["end"]) for k in ks])
+        total = sum(k["end"] - k["start"] for k in ks)
+        s = dict(config=name, kernels=len(ks), streams=len({k["stream"] for k in ks}), span_us=max(k["end"] for k in ks),
+                 busy_us=busy, kernel_sum_us=total, concurrency=total / max(busy, 1e-9))
+        summary.append(s)
+        log(s)
+        plot_timeline(ks, os.path.join(out_dir, f"timeline_{name}.png"), title=f"{name}: {steps} erase steps "
+                      f"(kernel time / busy time = {s['concurrency']:.2f})")
+        with open(os.path.join(out_dir, f"kernels_{name}.json"), "w") as f:
+            json.dump(ks, f)
+    write_csv(os.path.join(out_dir, "trace_summary.csv"), summary)
+    return summary
+
+
+def _union(iv):
+    tot, end = 0.0, float("-inf")
+    for s, e in sorted(iv):
+        if s > end:
+            tot += e - s
+            end = e
+        elif e > end:
+            tot += e - end
+            end = e
+    return tot
