@@ -127,9 +127,8 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     if not y.is_contiguous():
         y = y.contiguous()
     w = weight if weight.is_contiguous() else weight.contiguous()
-    loss_t, grad_h = local_head_launch(h2, w, bias, y, loss, reduction, ignore_index, config,
-                                      grad_weight, grad_bias, accumulate)
-    return loss_t, grad_h.view(h.shape)
+    return local_head_launch(h2, w, bias, y, loss, reduction, ignore_index, config,
+                             grad_weight, grad_bias, accumulate, out_shape=h.shape)
 
 
 def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
@@ -146,8 +145,8 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)
-    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    grad_bias = torch.empty_like(bias) if bias is not None else None
+    grad_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    grad_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
                                      ignore_index=ignore_index, backend=backend, config=cfg,
                                      grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False)

@@ -211,14 +211,14 @@ def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
     """Step time against the heads' SM fraction (and ring size), per model and size."""
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
-    occs = OCCUPANCIES[::2] + [1.0] if quick else OCCUPANCIES
+    occs = OCCUPANCIES
     if cuda:
         cases = [("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),
                  ("ctr", dict(width=2048, batch=32768), lambda o: ctr_workload(2048, 32768, occupancy=o)),
                  ("transformer", dict(width=256, batch=32, seq=128), lambda o: transformer_workload(256, 32, 128, occupancy=o)),
                  ("transformer", dict(width=1024, batch=32, seq=256), lambda o: transformer_workload(1024, 32, 256, occupancy=o))]
-        if quick:
-            cases = cases[::2]
+        if quick:  # one small size per model, every occupancy
+            cases = [("ctr", dict(width=512, batch=4096), lambda o: ctr_workload(512, 4096, occupancy=o)), cases[2]]
     else:
         cases = [("ctr", dict(width=64, batch=256), lambda o: ctr_workload(64, 256, rows=1000, occupancy=o, device=dev))]
     rows = []

@@ -492,6 +492,11 @@ class _Plan:
 _PLANS: dict = {}
 
 
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a @jit function, and calling it from the host costs ~5 µs
+    return -(-a // b)
+
+
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision) -> _Plan:
     key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision)
     p = _PLANS.get(key)
@@ -513,18 +518,17 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     return p
 
 
-def _align_key(args) -> tuple:
-    # What Triton specializes on: tensor dtype and 16-byte alignment, int == 1 and % 16.
-    # (Ints that vary per call are in do_not_specialize and passed as such.)
-    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
-                 (a == 1, a % 16 == 0) if type(a) is int else None for a in args)
+def _align_key(tensors, stride_h: int) -> tuple:
+    # What Triton specializes on beyond the plan: dtype and 16-byte alignment of the
+    # caller's tensors, and the row stride (== 1, % 16). Library-allocated buffers are
+    # always aligned; per-call ints are in do_not_specialize.
+    return (stride_h == 1, stride_h % 16 == 0) + tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _launch(plan: _Plan, P: int, args: tuple, spec_args: tuple, device: torch.device):
+def _launch(plan: _Plan, P: int, args: tuple, key: tuple, device: torch.device):
     if device.type != "cuda":
         plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
         return
-    key = _align_key(spec_args)
     ck = plan.fast.get(key)
     if ck is None:
         ck = plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
@@ -545,19 +549,19 @@ def _program_count(plan: _Plan, args, device, cfg: LaunchConfig) -> int:
 
 
 def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
-                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool):
+                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None):
     """One launch. h2 [N, D] (unit stride on D); y already [N, C] float or [N] int.
 
     Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
-    (loss [] fp32, grad_h [N, D] contiguous in h2's dtype).
+    (loss [] fp32, grad_h contiguous in h2's dtype, shaped `out_shape` or [N, D]).
     """
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
     cuda = dev.type == "cuda"
     ws = _workspace(dev)
-    grad_h = torch.empty((N, D), dtype=h2.dtype, device=dev)
-    loss_out = torch.empty(1, dtype=torch.float32, device=dev)
+    grad_h = torch.empty(out_shape or (N, D), dtype=h2.dtype, device=dev)
+    loss_out = torch.empty((), dtype=torch.float32, device=dev)
     if POISON:
         grad_h.fill_(float("nan"))
         loss_out.fill_(float("nan"))
@@ -571,8 +575,8 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
     b_arg = bias if has_bias else weight
     gb_arg = grad_bias if has_bias else grad_weight
     bn = cx["BLOCK_N"]
-    n_tiles = triton.cdiv(N, bn)
-    stride_g = triton.cdiv(C * D + C + 1, 16) * 16
+    n_tiles = _cdiv(N, bn)
+    stride_g = _cdiv(C * D + C + 1, 16) * 16
 
     def args(P, G, tpg, buf):
         return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, buf, ws.ctr,
@@ -582,24 +586,25 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
         p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
         G = min(p_occ, n_tiles)
-        tpg = triton.cdiv(n_tiles, G)
-        G = triton.cdiv(n_tiles, tpg)
-        n_r = triton.cdiv(C * D + C + 1, cx["BLOCK_R"])
+        tpg = _cdiv(n_tiles, G)
+        G = _cdiv(n_tiles, tpg)
+        n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
         P = min(p_occ, max(G, n_r))  # no program without work
         buf = ws.floats(G * stride_g)
     else:
         inv_count = 1.0
         p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
-        n_v = triton.cdiv(C, cx["BLOCK_V"])
-        n_dc = triton.cdiv(D, cx["BLOCK_DC"])
+        n_v = _cdiv(C, cx["BLOCK_V"])
+        n_dc = _cdiv(D, cx["BLOCK_DC"])
         # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
-        G = 1 if n_v * n_dc >= p_occ else min(triton.cdiv(p_occ, n_v * n_dc), n_tiles)
-        tpg = triton.cdiv(n_tiles, G)
-        G = triton.cdiv(n_tiles, tpg)
+        G = 1 if n_v * n_dc >= p_occ else min(_cdiv(p_occ, n_v * n_dc), n_tiles)
+        tpg = _cdiv(n_tiles, G)
+        G = _cdiv(n_tiles, tpg)
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
         buf = ws.floats(N + n_tiles + (G * stride_g if G > 1 else 0))
     if POISON:
         buf.fill_(float("nan"))
     a = args(P, G, tpg, buf)
-    _launch(plan, P, a, (h2, weight, b_arg, y, grad_weight, gb_arg, D, C, h2.stride(0), stride_g), dev)
-    return loss_out.view(()), grad_h
+    key = _align_key((h2, weight, b_arg, y, grad_weight, gb_arg), h2.stride(0)) if cuda else None
+    _launch(plan, P, a, key, dev)
+    return loss_out, grad_h
