@@ -116,8 +116,9 @@ CONFIGS = [  # (loss, N, D, C, dtype)
 ]
 TUNE = {  # kernel variants measured on two anchor configs
     ("bce", 65536, 1024, 1): [dict(block_n=bn, block_d=bd, num_warps=nw) for bn, bd, nw in
-                              [(16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (32, 1024, 16), (64, 128, 4),
-                               (128, 128, 8), (64, 256, 8)]],
+                              [(16, 1024, 4), (16, 1024, 8), (32, 1024, 4), (32, 1024, 8), (16, 1024, 2),
+                               (128, 128, 8)]] +
+                             [dict(block_n=16, block_d=1024, num_warps=4, num_stages=s) for s in (2, 3)],
     ("ce", 4096, 512, 32000): [dict(block_n=bn, block_v=bv, block_d=bd, num_warps=nw) for bn, bv, bd, nw in
                                [(64, 64, 256, 8), (64, 128, 256, 8), (64, 128, 512, 8), (128, 128, 256, 8),
                                 (64, 256, 256, 8)]],
@@ -158,7 +159,7 @@ def main():
         if loss == "ce" and have_liger:
             variants.append(("liger", liger_fn(h, w, b, y)))
         variants.append(("ours", ours_fn(loss, h, w, b, y)))
-        tune = [] if args.quick else TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 else []
+        tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 else []
         for kw in tune:
             variants.append(("ours " + ",".join(f"{k}={v}" for k, v in kw.items()), ours_fn(loss, h, w, b, y, LaunchConfig(**kw))))
         if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16:
