@@ -23,7 +23,8 @@ def cmd_train(a):
     dev = _device(a.device)
     if a.graph and dev != "cuda":
         sys.exit("error: --graph needs --device cuda (CUDA graphs)")
-    kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed)
+    kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed,
+              backend=a.backend)
     if a.model == "ctr":
         r = train_ctr(data=a.data, **kw)
         print(f"ctr/{r['data']} mode={r['mode']} steps={r['steps']} batch={r['batch_size']} device={r['device']}"
@@ -91,6 +92,8 @@ def main(argv=None):
     t.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph")
     t.add_argument("--data", choices=["movielens", "synthetic"], default="movielens", help="ctr data")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
+                   help="head backend: auto = Triton on CUDA, PyTorch on CPU")
     t.add_argument("--json", default=None, help="write the summary here")
     t.set_defaults(fn=cmd_train)
     for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile"),

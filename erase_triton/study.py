@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .head import DEFAULT_OCCUPANCY
 from .models.ctr import CTRConfig, CTRModel
 from .models.transformer import TinyTransformer
 from .reference import head_loss
@@ -79,7 +80,7 @@ def _median_ms(fn, iters: int, warmup: int) -> float:
 
 # --------------------------------------------------------------------------- workloads
 def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_000, emb_dim: int = 64,
-                 occupancy=None, backend="auto", device="cuda", seed=0):
+                 occupancy=DEFAULT_OCCUPANCY, backend="auto", device="cuda", seed=0):
     """The DLRM-like proxy of DESIGN.md: 26 tables of rows x emb_dim, 13 dense features,
     six dense subarchitectures of `width` with local BCE heads, and the final head."""
     torch.manual_seed(seed)
@@ -93,7 +94,7 @@ def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_00
     return model, (dense, sparse, label)
 
 
-def transformer_workload(width: int, batch: int, seq: int, *, occupancy=None, backend="auto", device="cuda",
+def transformer_workload(width: int, batch: int, seq: int, *, occupancy=DEFAULT_OCCUPANCY, backend="auto", device="cuda",
                          dtype=torch.bfloat16, seed=0):
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,

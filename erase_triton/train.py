@@ -93,7 +93,7 @@ def evaluate_ctr(model, data, batch: int = 8192) -> dict:
 
 def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, data="movielens",
               width=64, emb_dim=16, depth=1, lr=1e-3, eval_every=None, synthetic_rows=200_000,
-              progress=True, log=print) -> dict:
+              backend="auto", progress=True, log=print) -> dict:
     from .data import batches, load_movielens, synthetic_criteo
     from .models.ctr import CTRConfig, CTRModel
 
@@ -112,7 +112,7 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
         raise ValueError(f"data must be 'movielens' or 'synthetic', got {data!r}")
     tr, va, te = tr.to(dev), va.to(dev), te.to(dev)
     cfg = CTRConfig(n_dense=tr.dense.shape[1], cardinalities=tr.cardinalities, emb_dim=emb_dim, width=width,
-                    depth=depth)
+                    depth=depth, backend=backend)
     model = CTRModel(cfg).to(dev)
     opt = _make_opt(model, lr, dev, graph)
     it = batches(tr, batch_size, torch.Generator().manual_seed(seed))
@@ -162,7 +162,8 @@ def evaluate_lm(model, val: torch.Tensor, seq: int, device, max_windows: int = 2
 
 
 def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, width=128,
-                      seq=64, lr=1e-3, text="pydoc", eval_every=None, progress=True, log=print) -> dict:
+                      seq=64, lr=1e-3, text="pydoc", eval_every=None, backend="auto", progress=True,
+                      log=print) -> dict:
     from .data.text import lm_batches, load_text
     from .models.transformer import TinyTransformer
 
@@ -171,7 +172,8 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
     steps, batch_size = steps or d["steps"], batch_size or d["batch_size"]
     torch.manual_seed(seed)
     tr, va = load_text(text)
-    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq).to(dev)
+    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
+                            backend=backend).to(dev)
     opt = _make_opt(model, lr, dev, graph)
     it = lm_batches(tr, batch_size, seq, torch.Generator().manual_seed(seed), device=dev)
     first = next(it)

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from ..head import LocalHead
+from ..head import DEFAULT_OCCUPANCY, LocalHead
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class CTRConfig:
     depth: int = 2          # Linear+ReLU layers per subarchitecture
     n_subarch: int = 6
     over_depth: int = 1
-    occupancy: float | None = None
+    occupancy: float | None = DEFAULT_OCCUPANCY
     backend: str = "auto"
 
 

@@ -1,0 +1,71 @@
+"""Model quality per mode: NE/AUC on MovieLens-100k (seeds) and byte-LM perplexity.
+
+    python benchmarks/bench_quality.py [--seeds 3] [--out benchmarks/results/quality.csv]
+
+Runs on CPU or GPU (same code as `erase-triton train`). Writes per-run rows and a
+mean ± std summary (quality_summary.csv), and plots the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import metadata, print_table, write_csv  # noqa: E402
+
+from erase_triton.plots import plot_quality  # noqa: E402
+from erase_triton.train import train_ctr, train_transformer  # noqa: E402
+
+MODES = ["e2e", "sequential", "erase"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--lm-seeds", type=int, default=1)
+    ap.add_argument("--out", default="benchmarks/results/quality.csv")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = metadata()
+    rows = []
+    for seed in range(args.seeds):
+        for mode in MODES:
+            r = train_ctr(mode=mode, seed=seed, device=dev, progress=False)
+            rows.append(dict(model="ctr", mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
+                             examples_per_s=r["examples_per_s"], device=dev))
+            print(rows[-1], flush=True)
+    for seed in range(args.lm_seeds):
+        for mode in MODES:
+            r = train_transformer(mode=mode, seed=seed, device=dev, progress=False)
+            rows.append(dict(model="transformer", mode=mode, seed=seed, perplexity=r["perplexity"],
+                             examples_per_s=r["examples_per_s"], device=dev))
+            print(rows[-1], flush=True)
+    write_csv(args.out, rows, meta)
+    summary = []
+    for model, metrics in (("ctr", ["ne", "auc"]), ("transformer", ["perplexity"])):
+        for mode in MODES:
+            rs = [r for r in rows if r["model"] == model and r["mode"] == mode]
+            if not rs:
+                continue
+            s = dict(model=model, mode=mode, runs=len(rs))
+            for m in metrics:
+                v = [r[m] for r in rs]
+                s[f"{m}_mean"] = statistics.fmean(v)
+                s[f"{m}_std"] = statistics.stdev(v) if len(v) > 1 else 0.0
+            summary.append(s)
+    base = {s["model"]: s for s in summary if s["mode"] == "e2e"}
+    for s in summary:
+        key = "ne_mean" if s["model"] == "ctr" else "perplexity_mean"
+        s["rel_to_e2e_pct"] = 100 * (s[key] / base[s["model"]][key] - 1)
+    path = os.path.splitext(args.out)[0] + "_summary.csv"
+    write_csv(path, summary, meta)
+    plot_quality([{k: str(v) for k, v in s.items()} for s in summary], os.path.splitext(path)[0] + ".png")
+    print_table(summary, ["model", "mode", "runs", "ne_mean", "ne_std", "auc_mean", "perplexity_mean", "rel_to_e2e_pct"])
+
+
+if __name__ == "__main__":
+    main()

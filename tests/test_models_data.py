@@ -1,0 +1,174 @@
+"""Data loaders, metrics, the CTR and transformer models, and the CLI, on CPU."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from erase_triton import Scheduler, metrics
+from erase_triton.data import load_movielens, load_text, synthetic_criteo
+from erase_triton.data import movielens as ml
+from erase_triton.data import text as textmod
+from erase_triton.models import CTRConfig, CTRModel, TinyTransformer
+
+HAVE_RECBOLE = importlib.util.find_spec("recbole") is not None
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+
+
+# -------------------------------------------------------------------- metrics
+def test_ne_of_base_rate_prediction_is_one():
+    y = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 1])
+    p = y.mean()
+    logits = torch.full_like(y, torch.logit(p).item())
+    assert metrics.normalized_entropy(logits, y).item() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_auc_matches_pair_count_with_ties():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randint(0, 5, (200,), generator=g).float()  # many ties
+    y = torch.rand(200, generator=g).round()
+    pos, neg = s[y == 1], s[y == 0]
+    pairs = (pos[:, None] > neg[None, :]).double() + 0.5 * (pos[:, None] == neg[None, :]).double()
+    assert metrics.auc(s, y).item() == pytest.approx(pairs.mean().item(), abs=1e-12)
+    assert metrics.auc(y, y).item() == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------- data
+@pytest.mark.skipif(not HAVE_RECBOLE, reason="recbole not installed")
+def test_movielens_split_and_fields():
+    tr, va, te = load_movielens()
+    assert (len(tr), len(va), len(te)) == (80000, 10000, 10000)
+    assert tr.sparse.shape[1] == len(tr.cardinalities) == 7
+    assert set(tr.label.unique().tolist()) == {0.0, 1.0}
+    for i, c in enumerate(tr.cardinalities):
+        assert int(tr.sparse[:, i].max()) < c
+    assert 0.4 < tr.label.mean().item() < 0.7
+
+
+def test_movielens_missing_package_names_the_install(monkeypatch):
+    monkeypatch.setattr(ml.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"pip install --no-deps recbole==1\.2\.1"):
+        load_movielens()
+
+
+def test_synthetic_is_seeded_and_power_law():
+    a = synthetic_criteo(5000, cardinality=1000, seed=3)
+    b = synthetic_criteo(5000, cardinality=1000, seed=3)
+    assert torch.equal(a.sparse, b.sparse) and torch.equal(a.label, b.label)
+    assert a.dense.shape == (5000, 13) and a.sparse.shape == (5000, 26)
+    assert 0.2 < a.label.mean().item() < 0.3
+    counts = torch.bincount(a.sparse[:, 0], minlength=1000).sort(descending=True).values
+    assert counts[:10].sum() > 5 * counts[-500:].sum()  # heavy head, long tail
+
+
+def test_text_sources(monkeypatch, tmp_path):
+    tr, va = load_text("pydoc")
+    assert len(tr) > 100_000 and len(va) > 1000 and tr.dtype == torch.uint8
+    monkeypatch.setattr(textmod, "FORTUNES", str(tmp_path / "none"))
+    with pytest.raises(FileNotFoundError, match="apt-get install fortunes"):
+        load_text("fortunes")
+
+
+# --------------------------------------------------------------------- models
+def tiny_ctr(backend):
+    torch.manual_seed(0)
+    return CTRModel(CTRConfig(n_dense=5, cardinalities=[11, 7, 13], emb_dim=8, width=32, depth=1, backend=backend))
+
+
+def ctr_batch(n=48):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(n, 5, generator=g), torch.stack([torch.randint(0, c, (n,), generator=g) for c in (11, 7, 13)], 1),
+            torch.rand(n, generator=g).round())
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_ctr_erase_equals_sequential(backend):
+    model = tiny_ctr(backend)
+    batch = ctr_batch()
+    grads = {}
+    for mode in ("sequential", "erase", "e2e"):
+        model.zero_grad(set_to_none=True)
+        with Scheduler(mode).step():
+            model(*batch)
+        grads[mode] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    assert grads["sequential"].keys() == grads["erase"].keys()
+    for k in grads["sequential"]:
+        torch.testing.assert_close(grads["erase"][k], grads["sequential"][k], rtol=0, atol=0)
+    # e2e: only the final head is active, and the embeddings still learn through it
+    assert not any(k.startswith("heads.") for k in grads["e2e"])
+    assert "embeddings.0.weight" in grads["e2e"]
+    assert model.predict(*batch[:2]).shape == (48,)
+
+
+def test_ctr_fused_and_torch_heads_agree():
+    a, b = tiny_ctr("auto"), tiny_ctr("torch")
+    batch = ctr_batch()
+    for m in (a, b):
+        with Scheduler("erase").step():
+            m(*batch)
+    for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_ctr_rejects_wrong_field_count():
+    with pytest.raises(ValueError, match=r"sparse must be \[B, 3\]"):
+        tiny_ctr("torch")(torch.randn(4, 5), torch.zeros(4, 2, dtype=torch.long), torch.zeros(4))
+
+
+def test_transformer_modes():
+    torch.manual_seed(0)
+    m = TinyTransformer(vocab=256, width=32, layers=6, n_heads=2, max_seq=16, backend="torch")
+    x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+    for mode in ("e2e", "sequential", "erase"):
+        m.zero_grad(set_to_none=True)
+        with Scheduler(mode).step():
+            m(x, y)
+        assert torch.isfinite(m.heads[-1].last_loss)
+    assert m.logits(x).shape == (2, 16, 256)
+    with pytest.raises(ValueError, match="max_seq"):
+        m.embed(torch.zeros(1, 17, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------ CLI
+@pytest.mark.skipif(not HAVE_RECBOLE, reason="recbole not installed")
+def test_cli_train_ctr_writes_summary(tmp_path, capsys):
+    from erase_triton.cli import main
+
+    out = tmp_path / "r.json"
+    main(["train", "--steps", "20", "--batch-size", "256", "--backend", "torch", "--json", str(out)])
+    r = json.loads(out.read_text())
+    for k in ("ne", "auc", "examples_per_s", "peak_memory_mb"):
+        assert k in r
+    assert 0.0 < r["ne"] < 2.0 and 0.0 <= r["auc"] <= 1.0 and r["examples_per_s"] > 0
+    assert "test NE" in capsys.readouterr().out
+
+
+def test_cli_train_transformer(tmp_path):
+    from erase_triton import train
+
+    r = train.train_transformer(steps=3, batch_size=2, width=32, seq=16, backend="torch", progress=False)
+    assert r["perplexity"] > 1 and r["examples_per_s"] > 0
+
+
+def test_cli_graph_needs_cuda():
+    from erase_triton.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(SystemExit, match="--graph needs --device cuda"):
+        main(["train", "--graph"])
+
+
+@pytest.mark.skipif(not os.path.isdir(RESULTS), reason="no committed results")
+def test_plot_committed_results(tmp_path):
+    from erase_triton.cli import main
+
+    csvs = [os.path.join(RESULTS, f) for f in sorted(os.listdir(RESULTS))
+            if f.endswith(".csv") and f.split(".")[0] in ("local_head", "sweep", "schedule_summary", "bench",
+                                                          "quality_summary")]
+    assert csvs
+    main(["plot", *csvs, "--out", str(tmp_path)])
+    for c in csvs:
+        png = tmp_path / (os.path.splitext(os.path.basename(c))[0] + ".png")
+        assert png.stat().st_size > 10_000
