@@ -15,10 +15,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cuda_median_ms, metadata, print_table, write_csv  # noqa: E402
+from common import metadata, print_table, write_csv  # noqa: E402
 
-from erase_triton import Scheduler  # noqa: E402
 from erase_triton.models import MLPChain  # noqa: E402
+from erase_triton.study import time_step  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -45,32 +45,8 @@ def transformer_case(width, batch, seq, heads, occupancy=None, dtype=torch.bfloa
 
 
 def measure(model, inputs, mode, graphed, streams=None):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    sched = Scheduler(mode, streams=streams)
-
-    def step(*xs):
-        opt.zero_grad(set_to_none=True)
-        model(*xs)
-        opt.step()
-
-    if graphed:
-        replay = sched.capture(step, *inputs, warmup=3)
-        ms = cuda_median_ms(replay, iters=30, warmup=5)
-        peak = float("nan")
-    else:
-        def run():
-            with sched.step():
-                step(*inputs)
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        run()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        ms = cuda_median_ms(run, iters=20, warmup=3)
-    return ms, peak
+    r = time_step(model, inputs, mode, graphed, streams=streams)
+    return r["ms"], r.get("peak_mb", float("nan"))
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None):

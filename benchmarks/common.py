@@ -1,60 +1,10 @@
-"""Shared helpers of the benchmark scripts: metadata, CSV writing, timing."""
+"""Shared helpers of the benchmark scripts (metadata, CSV and timing live in erase_triton.study)."""
 from __future__ import annotations
-
-import csv
-import json
-import os
-import platform
-import statistics
-import time
 
 import torch
 
-
-def metadata() -> dict:
-    import triton
-
-    m = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-         "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        m.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
-    else:
-        m.update(gpu="none (CPU)")
-    return m
-
-
-def write_csv(path: str, rows: list[dict], meta: dict):
-    """CSV with the GPU/version metadata repeated on every row (one file stands alone)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    keys = []
-    for r in rows:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
-    mkeys = ["gpu", "torch", "triton"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys + mkeys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, **{k: meta.get(k, "") for k in mkeys}})
-    with open(os.path.splitext(path)[0] + ".meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-
-
-def cuda_median_ms(fn, iters: int = 30, warmup: int = 5) -> float:
-    """Median of per-call CUDA-event times (each call timed on its own)."""
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda.synchronize()
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+from erase_triton.study import median_ms as cuda_median_ms  # noqa: F401  (re-exported)
+from erase_triton.study import metadata, write_csv  # noqa: F401
 
 
 def copy_bandwidth_gbs() -> float:

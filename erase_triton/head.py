@@ -21,7 +21,8 @@ from . import scheduler as _sched
 
 # Measured best SM fraction for heads running beside the next forward (erase-triton sweep,
 # H200: transformer w256 graphed erase 1.41 ms at 1/8 vs 1.63 ms at 1; CTR proxy flat
-# within 1%). None means the whole device.
+# within 1%). With occupancy="auto" a head uses it under an erase scheduler on CUDA
+# streams, and the whole device otherwise (nothing runs beside it there).
 DEFAULT_OCCUPANCY = 0.125
 from .functional import check_args, local_head_into, use_triton
 from .reference import head_loss
@@ -35,12 +36,13 @@ class LocalHead(nn.Module):
     loss: "bce" (1..64 sigmoid labels), "ce" (2..131072 classes), "mse".
     final=True marks the model's top head: active in every mode, and in "e2e" the
     only active head, whose gradient then flows through the whole model.
-    occupancy: fraction of SMs for the fused kernel's persistent grid; default
-    DEFAULT_OCCUPANCY (1/8, the sweep's best), None for the whole device.
+    occupancy: fraction of SMs for the fused kernel's persistent grid. "auto" (default):
+    DEFAULT_OCCUPANCY (1/8, the sweep's best) when the head runs beside the next segment
+    (erase mode on CUDA streams), the whole device otherwise. None: always the whole device.
     """
 
     def __init__(self, in_features: int, out_features: int = 1, loss: str = "bce", *, bias: bool = True,
-                 occupancy: float | None = DEFAULT_OCCUPANCY, final: bool = False, reduction: str = "mean",
+                 occupancy: float | str | None = "auto", final: bool = False, reduction: str = "mean",
                  ignore_index: int = -100, backend: str = "auto", config: LaunchConfig | None = None,
                  device=None, dtype=None):
         super().__init__()
@@ -50,9 +52,13 @@ class LocalHead(nn.Module):
             raise ValueError(f"out_features must be >= 2 for loss='ce', got {out_features}")
         self.in_features, self.out_features, self.loss = in_features, out_features, loss
         self.final, self.reduction, self.ignore_index, self.backend = final, reduction, ignore_index, backend
-        if config is not None and occupancy not in (None, DEFAULT_OCCUPANCY):
+        if config is not None and occupancy not in (None, "auto"):
             raise ValueError("pass either occupancy or config, not both")
-        self.config = config if config is not None else LaunchConfig(occupancy=occupancy)
+        if isinstance(occupancy, str) and occupancy != "auto":
+            raise ValueError(f"occupancy must be a fraction in (0, 1], None or 'auto', got {occupancy!r}")
+        self.auto_occupancy = config is None and occupancy == "auto"
+        self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
+        self._beside_config = LaunchConfig(DEFAULT_OCCUPANCY) if self.auto_occupancy else self.config
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -67,8 +73,9 @@ class LocalHead(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def extra_repr(self) -> str:
+        occ = "auto" if self.auto_occupancy else self.config.occupancy
         return (f"in_features={self.in_features}, out_features={self.out_features}, loss={self.loss!r}, "
-                f"bias={self.bias is not None}, final={self.final}, occupancy={self.config.occupancy}")
+                f"bias={self.bias is not None}, final={self.final}, occupancy={occ}")
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Plain forward of the head (for evaluation and prediction)."""
@@ -85,8 +92,9 @@ class LocalHead(nn.Module):
             return sched.detach_point(self, h, target)
         return self.apply_loss(h, target)
 
-    def apply_loss(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Fused loss + grads on the current stream; backward into h's producer; returns h.detach()."""
+    def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False) -> torch.Tensor:
+        """Fused loss + grads on the current stream; backward into h's producer; returns h.detach().
+        beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the grid)."""
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
@@ -114,7 +122,7 @@ class LocalHead(nn.Module):
         hd = h.detach()
         loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
                                        loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
-                                       backend=self.backend, config=self.config,
+                                       backend=self.backend, config=self._beside_config if beside else self.config,
                                        grad_weight=gw, grad_bias=gb, accumulate=acc_w)
         if w.grad is None:
             w.grad = gw

@@ -68,12 +68,12 @@ def _leaves_of(t: torch.Tensor) -> frozenset:
     return frozenset(out)
 
 
-def _labelled(head, h, target, seg: int):
+def _labelled(head, h, target, seg: int, beside: bool = False):
     """head.apply_loss, inside a profiler range when a profiler runs (for trace timelines)."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(f"erase::backward {seg}"):
-            return head.apply_loss(h, target)
-    return head.apply_loss(h, target)
+            return head.apply_loss(h, target, beside)
+    return head.apply_loss(h, target, beside)
 
 
 class Scheduler:
@@ -170,7 +170,8 @@ class Scheduler:
         fwd_done = cur.record_event()
         for j in after:
             cur.wait_event(self._bwd_events[j])
-        out = _labelled(head, h, target, seg)  # head kernel + block backward, queued on `cur`
+        # head kernel + block backward, queued on `cur`, beside the next segment's forward
+        out = _labelled(head, h, target, seg, beside=not head.final)
         self._bwd_events[seg] = cur.record_event()
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,

@@ -17,7 +17,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .head import DEFAULT_OCCUPANCY
 from .models.ctr import CTRConfig, CTRModel
 from .models.transformer import TinyTransformer
 from .reference import head_loss
@@ -41,8 +40,11 @@ def metadata() -> dict:
 
 
 def write_csv(path: str, rows: list[dict], meta: dict | None = None):
+    """CSV with the GPU and versions on every row (a file stands alone), plus <stem>.meta.json."""
     meta = meta or metadata()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(os.path.splitext(path)[0] + ".meta.json", "w") as f:
+        json.dump(meta, f, indent=1)
     keys = []
     for r in rows:
         keys += [k for k in r if k not in keys]
@@ -58,7 +60,8 @@ def read_csv(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _median_ms(fn, iters: int, warmup: int) -> float:
+def median_ms(fn, iters: int = 30, warmup: int = 5) -> float:
+    """Median per-call time: CUDA events around each call (host clock without CUDA)."""
     for _ in range(warmup):
         fn()
     if not torch.cuda.is_available():
@@ -80,7 +83,7 @@ def _median_ms(fn, iters: int, warmup: int) -> float:
 
 # --------------------------------------------------------------------------- workloads
 def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_000, emb_dim: int = 64,
-                 occupancy=DEFAULT_OCCUPANCY, backend="auto", device="cuda", seed=0):
+                 occupancy="auto", backend="auto", device="cuda", seed=0):
     """The DLRM-like proxy of DESIGN.md: 26 tables of rows x emb_dim, 13 dense features,
     six dense subarchitectures of `width` with local BCE heads, and the final head."""
     torch.manual_seed(seed)
@@ -94,7 +97,7 @@ def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_00
     return model, (dense, sparse, label)
 
 
-def transformer_workload(width: int, batch: int, seq: int, *, occupancy=DEFAULT_OCCUPANCY, backend="auto", device="cuda",
+def transformer_workload(width: int, batch: int, seq: int, *, occupancy="auto", backend="auto", device="cuda",
                          dtype=torch.bfloat16, seed=0):
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
@@ -137,7 +140,7 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     out = {}
     if graphed:
         replay = sched.capture(step, *inputs, warmup=3)
-        out["ms"] = _median_ms(replay, 30, 5)
+        out["ms"] = median_ms(replay, 30, 5)
         del replay
     else:
         def run():
@@ -152,7 +155,7 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
             run()
             torch.cuda.synchronize()
             out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        out["ms"] = _median_ms(run, 20, 3)
+        out["ms"] = median_ms(run, 20, 3)
     return out
 
 
@@ -165,7 +168,7 @@ def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:
         opt.zero_grad(set_to_none=True)
         loss_fn(*inputs).backward()
         opt.step()
-    return {"ms": _median_ms(run, 20, 5)}
+    return {"ms": median_ms(run, 20, 5)}
 
 
 # ------------------------------------------------------------------------------- bench

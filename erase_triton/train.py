@@ -81,6 +81,29 @@ def _runner(model, opt, mode: str, graph: bool, static_inputs):
     return run
 
 
+def _loop(run, it, batch, opt, lr, steps, eval_every, progress, dev, evaluate, describe):
+    """Shared training loop: cosine LR, timed steps (evaluation excluded), periodic validation."""
+    eval_every = eval_every or max(steps // 5, 1)
+    bar = Progress(steps, progress)
+    train_time, history = 0.0, []
+    for i in range(1, steps + 1):
+        t = time.perf_counter()
+        _set_lr(opt, lr, i - 1, steps)
+        run(batch)
+        batch = next(it)
+        if dev.type == "cuda" and (i % eval_every == 0 or i == steps):
+            torch.cuda.synchronize()
+        train_time += time.perf_counter() - t
+        if i % eval_every == 0 or i == steps:
+            v = evaluate()
+            history.append({"step": i, **v})
+            bar.update(i, describe(v))
+        elif i % 5 == 0:
+            bar.update(i)
+    bar.close()
+    return train_time, history
+
+
 def evaluate_ctr(model, data, batch: int = 8192) -> dict:
     model.eval()
     logits = torch.cat([model.predict(data.dense[i:i + batch], data.sparse[i:i + batch])
@@ -118,27 +141,9 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
     it = batches(tr, batch_size, torch.Generator().manual_seed(seed))
     first = next(it)
     run = _runner(model, opt, mode, graph, [t.clone() for t in first])
-    eval_every = eval_every or max(steps // 5, 1)
-    bar = Progress(steps, progress)
-    train_time, history = 0.0, []
-    batch = first
-    for i in range(1, steps + 1):
-        t = time.perf_counter()
-        _set_lr(opt, lr, i - 1, steps)
-        run(batch)
-        batch = next(it)
-        if dev.type == "cuda" and i % eval_every == 0:
-            torch.cuda.synchronize()
-        train_time += time.perf_counter() - t
-        if i % eval_every == 0 or i == steps:
-            v = evaluate_ctr(model, va)
-            history.append({"step": i, **{f"val_{k}": x for k, x in v.items()}})
-            bar.update(i, f"val NE {v['ne']:.4f} AUC {v['auc']:.4f}")
-        elif i % 10 == 0:
-            bar.update(i)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    bar.close()
+    train_time, history = _loop(run, it, first, opt, lr, steps, eval_every, progress, dev,
+                                lambda: {f"val_{k}": x for k, x in evaluate_ctr(model, va).items()},
+                                lambda v: f"val NE {v['val_ne']:.4f} AUC {v['val_auc']:.4f}")
     test = evaluate_ctr(model, te)
     return {"model": "ctr", "data": data, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
             "steps": steps, "batch_size": batch_size, **test,
@@ -178,24 +183,9 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
     it = lm_batches(tr, batch_size, seq, torch.Generator().manual_seed(seed), device=dev)
     first = next(it)
     run = _runner(model, opt, mode, graph, [t.clone() for t in first])
-    eval_every = eval_every or max(steps // 5, 1)
-    bar = Progress(steps, progress)
-    train_time, history, batch = 0.0, [], first
-    for i in range(1, steps + 1):
-        t = time.perf_counter()
-        _set_lr(opt, lr, i - 1, steps)
-        run(batch)
-        batch = next(it)
-        if dev.type == "cuda" and i % eval_every == 0:
-            torch.cuda.synchronize()
-        train_time += time.perf_counter() - t
-        if i % eval_every == 0 or i == steps:
-            ppl = evaluate_lm(model, va, seq, dev)
-            history.append({"step": i, "val_perplexity": ppl})
-            bar.update(i, f"val ppl {ppl:.2f}")
-        elif i % 5 == 0:
-            bar.update(i)
-    bar.close()
+    train_time, history = _loop(run, it, first, opt, lr, steps, eval_every, progress, dev,
+                                lambda: {"val_perplexity": evaluate_lm(model, va, seq, dev)},
+                                lambda v: f"val ppl {v['val_perplexity']:.2f}")
     return {"model": "transformer", "data": text, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
             "steps": steps, "batch_size": batch_size, "seq": seq, "perplexity": history[-1]["val_perplexity"],
             "examples_per_s": steps * batch_size / max(train_time, 1e-9), "tokens_per_s":

@@ -272,6 +272,23 @@ def _dense_head_kernel(
     _exit(ctr_ptr, n_programs, N_CTR)
 
 
+@triton.jit
+def _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+    # z = h[o_n] W[o_v]^T + b[o_v], fp32 [BLOCK_N, BLOCK_V], accumulated over K chunks of D
+    b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        m_k = o_k < D
+        b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+        b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
+        b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+    if HAS_BIAS:
+        b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+    return b_z
+
+
 # ------------------------------------------------------------------ vocabulary CE kernel
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
 def _vocab_ce_kernel(
@@ -321,15 +338,8 @@ def _vocab_ce_kernel(
         for v0 in range(0, C, BLOCK_V):
             o_v = v0 + tl.arange(0, BLOCK_V)
             m_v = o_v < C
-            b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
-                o_k = k0 + tl.arange(0, BLOCK_K)
-                m_k = o_k < D
-                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-                b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
-                b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
-            if HAS_BIAS:
-                b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+            b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
+                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
             b_z = tl.where(m_v[None, :], b_z, float("-inf"))
             b_zt += tl.sum(tl.where(o_v[None, :] == b_t[:, None], b_z, 0.0), axis=1)
             b_mnew = tl.maximum(b_m, tl.max(b_z, axis=1))
@@ -374,15 +384,8 @@ def _vocab_ce_kernel(
             b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
             m_row = m_n & (b_t != ignore_index)
             b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-            b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
-                o_k = k0 + tl.arange(0, BLOCK_K)
-                m_k = o_k < D
-                b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-                b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
-                b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
-            if HAS_BIAS:
-                b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+            b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
+                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
             b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
             b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * scale, 0.0)
             b_hd = tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :], other=0.0)

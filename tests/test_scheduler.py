@@ -199,3 +199,19 @@ def test_capture_needs_cuda():
         pytest.skip("CUDA present")
     with pytest.raises(RuntimeError, match="needs CUDA"):
         Scheduler("erase").capture(lambda: None)
+
+
+def test_head_occupancy_auto_and_validation():
+    from erase_triton.head import DEFAULT_OCCUPANCY
+
+    auto = LocalHead(8, 1)
+    assert auto.auto_occupancy and auto.config.occupancy is None
+    assert auto._beside_config.occupancy == DEFAULT_OCCUPANCY
+    fixed = LocalHead(8, 1, occupancy=0.5)
+    assert fixed.config.occupancy == fixed._beside_config.occupancy == 0.5
+    with pytest.raises(ValueError, match="occupancy must be a fraction"):
+        LocalHead(8, 1, occupancy="half")
+    with pytest.raises(ValueError, match="occupancy must be in"):
+        LocalHead(8, 1, occupancy=1.5)
+    with pytest.raises(ValueError, match="out_features must be >= 2"):
+        LocalHead(8, 1, "ce")

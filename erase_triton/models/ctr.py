@@ -15,7 +15,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from ..head import DEFAULT_OCCUPANCY, LocalHead
+from ..head import LocalHead
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class CTRConfig:
     depth: int = 2          # Linear+ReLU layers per subarchitecture
     n_subarch: int = 6
     over_depth: int = 1
-    occupancy: float | None = DEFAULT_OCCUPANCY
+    occupancy: float | str | None = "auto"
     backend: str = "auto"
 
 

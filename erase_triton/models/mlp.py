@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..head import DEFAULT_OCCUPANCY, LocalHead
+from ..head import LocalHead
 
 
 class MLPChain(nn.Module):
     def __init__(self, width: int, blocks: int = 6, layers: int = 2, out_features: int = 1, loss: str = "bce",
-                 backend: str = "auto", occupancy: float | None = DEFAULT_OCCUPANCY, device=None, dtype=None):
+                 backend: str = "auto", occupancy: float | str | None = "auto", device=None, dtype=None):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
         self.blocks = nn.ModuleList(

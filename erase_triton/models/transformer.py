@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..head import DEFAULT_OCCUPANCY, LocalHead
+from ..head import LocalHead
 
 
 class Layer(nn.Module):
@@ -34,7 +34,7 @@ class Layer(nn.Module):
 
 class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 256, width: int = 256, layers: int = 6, n_heads: int = 4, max_seq: int = 128,
-                 backend: str = "auto", occupancy: float | None = DEFAULT_OCCUPANCY):
+                 backend: str = "auto", occupancy: float | str | None = "auto"):
         super().__init__()
         self.vocab, self.max_seq = vocab, max_seq
         self.tok = nn.Embedding(vocab, width)
