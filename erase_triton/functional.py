@@ -137,7 +137,9 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
 
     h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None.
     target: "bce"/"mse" float [..., C] (or [...] when C == 1); "ce" int [...] class ids,
-    rows equal to ignore_index are skipped (and leave the mean's denominator).
+    rows equal to ignore_index are skipped (and leave the mean's denominator). Class ids
+    outside [0, C) other than ignore_index give undefined results: checking them on the
+    device would need a host sync.
     Returns LocalHeadResult(loss fp32 0-dim, grad_h contiguous like h, grad_weight like
     weight, grad_bias like bias or None). `occupancy` is the fraction of SMs the
     persistent grid may fill (None: all); `config` sets tile sizes as well.

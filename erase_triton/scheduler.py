@@ -14,6 +14,9 @@
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
 
+Put the optimizer step after a `final=True` head (where the ring is joined back into the
+caller's stream) or after the context; a step with no final head joins only at exit.
+
 The plan (which segment runs on which stream, which events order what) is `RingPlan`,
 pure Python and unit-tested on CPU; `step()` carries it out and logs it in
 `last_trace`. `capture()` records a whole step in a CUDA graph.

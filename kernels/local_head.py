@@ -467,9 +467,9 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
         bn = cfg.block_n or max(64, bn)
     # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
     warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
-    # software pipelining of the row-tile loop: 117 -> 93 µs on the BCE anchor (H200); only
-    # measured for whole-row tiles of the C == 1 path, so only used there
-    stages = cfg.num_stages or (2 if cuda and bd >= D and block_c == 1 else 1)
+    # num_stages=2 (software pipelining of the row-tile loop) took the BCE anchor from 117 to
+    # 93 µs on the H200, but has not had a GPU correctness run yet: opt-in via LaunchConfig.
+    stages = cfg.num_stages or 1
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
                 BLOCK_G=64, BLOCK_R=64, num_warps=cfg.num_warps or warps)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import erase_triton as et
 from erase_triton import LocalHead, Scheduler, fused_local_head, reference
 
 pytestmark = pytest.mark.gpu
@@ -14,6 +15,18 @@ dev = "cuda"
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def test_pipelined_rows_match_reference():
+    # LaunchConfig(num_stages=2): measured 93 µs vs 117 µs on the BCE anchor; kept opt-in until this passes
+    h = torch.randn(65536, 1024, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(1, 1024, device=dev, dtype=torch.bfloat16) / 32
+    b = torch.zeros(1, device=dev, dtype=torch.bfloat16)
+    y = torch.rand(65536, device=dev).round()
+    fast = fused_local_head(h, w, b, y, config=et.LaunchConfig(num_stages=2))
+    base = fused_local_head(h, w, b, y)
+    for a, c in zip(fast, base):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("loss,N,D,C,dtype", [
@@ -87,13 +100,27 @@ def step_grads(model, mode, x, y):
 
 
 def test_erase_equals_sequential_on_gpu():
+    # occupancy "auto": erase heads run on 1/8 of the SMs, sequential ones on all, so the
+    # fixed-order partial sums are grouped differently: equal to fp32 rounding
     torch.manual_seed(0)
     model = mlp_chain()
     x, y = torch.randn(4096, 512, device=dev), torch.rand(4096, device=dev).round()
     seq = step_grads(model, "sequential", x, y)
     era = step_grads(model, "erase", x, y)
     for k in seq:
-        torch.testing.assert_close(era[k], seq[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(era[k], seq[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_erase_bitwise_equals_sequential_at_equal_occupancy():
+    torch.manual_seed(0)
+    model = mlp_chain()
+    for hd in model.heads:
+        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25)
+    x, y = torch.randn(4096, 512, device=dev), torch.rand(4096, device=dev).round()
+    seq = step_grads(model, "sequential", x, y)
+    era = step_grads(model, "erase", x, y)
+    for k in seq:
+        assert torch.equal(era[k], seq[k]), k
 
 
 def test_step_has_no_host_sync():
