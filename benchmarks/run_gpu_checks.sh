@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
-#   parts: tests host head schedule sweep trace bench   (default: all)
+#   parts: tests host head schedule sweep trace bench   (default: all; together they need more than
+#   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds).
@@ -14,7 +15,6 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 if ls .whl/*.whl >/dev/null 2>&1; then  # optional baselines carried as wheels (liger-kernel)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-ET="python3 -m erase_triton.cli"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for p in $PARTS; do
   echo "=== $p $(date +%T)"

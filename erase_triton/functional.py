@@ -147,6 +147,7 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)
+    h = h.detach()  # the kernel computes grad_h itself: no autograd record of the reshape
     grad_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
     grad_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,

@@ -105,6 +105,8 @@ class LocalHead(nn.Module):
             self.last_loss = loss.detach().float()
             return h.detach()
         w, b = self.weight, self.bias
+        if w.grad is not None and not w.grad.is_contiguous():
+            w.grad = w.grad.contiguous()  # the kernel adds into a contiguous [C, D]
         acc_w = w.grad is not None
         gw = w.grad if acc_w else torch.empty_like(w, memory_format=torch.contiguous_format)
         gb = None
@@ -124,9 +126,9 @@ class LocalHead(nn.Module):
                                        loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
                                        backend=self.backend, config=self._beside_config if beside else self.config,
                                        grad_weight=gw, grad_bias=gb, accumulate=acc_w)
-        if w.grad is None:
+        if w.grad is None and w.requires_grad:  # a frozen head keeps .grad None
             w.grad = gw
-        if b is not None and b.grad is None:
+        if b is not None and b.grad is None and b.requires_grad:
             b.grad = gb
         self.last_loss = loss
         if h.requires_grad:

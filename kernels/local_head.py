@@ -444,7 +444,8 @@ POISON = False
 
 def _workspace(device: torch.device) -> _Workspace:
     if device.type == "cuda":
-        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
     else:
         key = (device.type, None)
     ws = _WORKSPACES.get(key)

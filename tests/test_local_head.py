@@ -193,6 +193,25 @@ def test_bad_input(mutate, match, device):
                          reduction=a["reduction"], backend=a["backend"])
 
 
+def test_batch_size_changes_do_not_replan(device):
+    # N is do_not_specialize in the kernels and absent from the plan key: one plan (one
+    # compiled kernel) serves every batch size of a head
+    h, w, b, y = make("bce", 781, 50, 3, torch.float32, True, device)
+    fused_local_head(h, w, b, y, backend="triton")
+    n = len(klh._PLANS)
+    for N in (1, 63, 500):
+        fused_local_head(h[:N], w, b, y[:N], backend="triton")
+    assert len(klh._PLANS) == n
+
+
+def test_device_mismatch_names_argument():
+    h, w, b, y = make("bce", 8, 4, 2, torch.float32, True, "cpu")
+    with pytest.raises(ValueError, match="weight is on meta but h is on cpu"):
+        fused_local_head(h, w.to("meta"), b, y)
+    with pytest.raises(ValueError, match="target is on meta"):
+        fused_local_head(h, w, b, y.to("meta"))
+
+
 def test_bad_occupancy():
     with pytest.raises(ValueError, match="occupancy must be in"):
         LaunchConfig(occupancy=0.0)

@@ -215,3 +215,24 @@ def test_head_occupancy_auto_and_validation():
         LocalHead(8, 1, occupancy=1.5)
     with pytest.raises(ValueError, match="out_features must be >= 2"):
         LocalHead(8, 1, "ce")
+
+
+def test_frozen_head_still_backpropagates():
+    blk = nn.Linear(6, 8)
+    head = LocalHead(8, 1)
+    head.requires_grad_(False)
+    head(blk(torch.randn(5, 6)), torch.rand(5))
+    assert head.weight.grad is None and blk.weight.grad is not None
+
+
+def test_head_accumulates_into_non_contiguous_grad():
+    torch.manual_seed(6)
+    head = LocalHead(16, 3, "mse")
+    g0 = torch.randn(16, 3).t()  # non-contiguous [3, 16]
+    head.weight.grad = g0.clone().t().contiguous().t()
+    h, y = torch.randn(7, 16), torch.randn(7, 3)
+    head(h, y)
+    lin = nn.Linear(16, 3)
+    lin.load_state_dict({"weight": head.weight.detach(), "bias": head.bias.detach()})
+    F.mse_loss(lin(h), y).backward()
+    torch.testing.assert_close(head.weight.grad, g0 + lin.weight.grad, rtol=1e-5, atol=1e-6)
