@@ -120,7 +120,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                 grad_bias.copy_(r.grad_bias)
         return r.loss.float() if r.loss.dtype != torch.float64 else r.loss, r.grad_h
     _check_kernel_limits(h, weight, bias, loss, C)
-    h2 = h.reshape(N, D)
+    h2 = h.detach().reshape(N, D)  # the kernel computes grad_h itself: no autograd record
     if h2.stride(1) != 1:
         h2 = h2.contiguous()
     y = target.reshape(N) if loss == "ce" else target.reshape(N, C)
@@ -147,7 +147,6 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)
-    h = h.detach()  # the kernel computes grad_h itself: no autograd record of the reshape
     grad_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
     grad_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
