@@ -116,7 +116,7 @@ def evaluate_ctr(model, data, batch: int = 8192) -> dict:
 
 def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, data="movielens",
               width=64, emb_dim=16, depth=1, lr=1e-3, eval_every=None, synthetic_rows=200_000,
-              backend="auto", progress=True, log=print) -> dict:
+              backend="auto", progress=True) -> dict:
     from .data import batches, load_movielens, synthetic_criteo
     from .models.ctr import CTRConfig, CTRModel
 
@@ -167,8 +167,7 @@ def evaluate_lm(model, val: torch.Tensor, seq: int, device, max_windows: int = 2
 
 
 def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, width=128,
-                      seq=64, lr=1e-3, text="pydoc", eval_every=None, backend="auto", progress=True,
-                      log=print) -> dict:
+                      seq=64, lr=1e-3, text="pydoc", eval_every=None, backend="auto", progress=True) -> dict:
     from .data.text import lm_batches, load_text
     from .models.transformer import TinyTransformer
 

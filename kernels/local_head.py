@@ -36,8 +36,9 @@ LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
 MAX_VOCAB = 131072
 
-# Counter slots in the int32 workspace.
-_CLAIM0, _DONE0, _CLAIM_A, _DONE_A, _CLAIM_B, _DONE_B, _CLAIM_R, _COUNT, _EXIT = range(9)
+# Counter slots in the int32 workspace (the kernels index ctr_ptr + slot):
+#   0/1 claim/done of phase 0 (count targets), 2/3 phase A, 4/5 phase B, 6 claim of phase R,
+#   7 non-ignored target count, 8 programs exited.
 _N_CTR = 16
 
 
