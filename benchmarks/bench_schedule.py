@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton.models import MLPChain  # noqa: E402
-from erase_triton.study import time_step  # noqa: E402
+from erase_triton.study import time_step, transformer_workload  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -33,15 +33,8 @@ def mlp_case(width, batch, dtype, heads, occupancy=None):
     return model, (x, y)
 
 
-def transformer_case(width, batch, seq, heads, occupancy=None, dtype=torch.bfloat16):
-    from erase_triton.models.transformer import TinyTransformer
-
-    torch.manual_seed(0)
-    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
-                            backend="torch" if heads == "torch" else "auto", occupancy=occupancy).to("cuda", dtype)
-    x = torch.randint(0, 256, (batch, seq), device="cuda")
-    y = torch.randint(0, 256, (batch, seq), device="cuda")
-    return model, (x, y)
+def transformer_case(width, batch, seq, heads, occupancy=None):
+    return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
 
 
 def measure(model, inputs, mode, graphed, streams=None):

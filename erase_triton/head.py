@@ -19,15 +19,16 @@ from erase_triton.kernels.launch import LaunchConfig
 
 from . import scheduler as _sched
 
+from .functional import check_args, local_head_into, use_triton
+from .reference import head_loss
+
+__all__ = ["LocalHead", "DEFAULT_OCCUPANCY"]
+
 # Measured best SM fraction for heads running beside the next forward (erase-triton sweep,
 # H200: transformer w256 graphed erase 1.41 ms at 1/8 vs 1.63 ms at 1; CTR proxy flat
 # within 1%). With occupancy="auto" a head uses it under an erase scheduler on CUDA
 # streams, and the whole device otherwise (nothing runs beside it there).
 DEFAULT_OCCUPANCY = 0.125
-from .functional import check_args, local_head_into, use_triton
-from .reference import head_loss
-
-__all__ = ["LocalHead"]
 
 
 class LocalHead(nn.Module):

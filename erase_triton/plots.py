@@ -30,13 +30,14 @@ def plot_timeline(kernels: list[dict], path: str, title: str = ""):
     streams = sorted({k["stream"] for k in kernels})
     lane = {s: i for i, s in enumerate(streams)}
     fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(streams)))
+    bars = defaultdict(list)  # (phase, stream) -> [(start, width)]
+    for k in kernels:
+        bars[(k["phase"], k["stream"])].append((k["start"], max(k["end"] - k["start"], 0.3)))
     for phase, color in PHASE_COLORS.items():
-        bars = [(k["start"], max(k["end"] - k["start"], 0.3)) for k in kernels if k["phase"] == phase]
         for s in streams:
-            b = [(k["start"], max(k["end"] - k["start"], 0.3)) for k in kernels if k["phase"] == phase and k["stream"] == s]
-            if b:
-                ax.broken_barh(b, (lane[s] - 0.4, 0.8), color=color)
-        if bars:
+            if bars.get((phase, s)):
+                ax.broken_barh(bars[(phase, s)], (lane[s] - 0.4, 0.8), color=color)
+        if any(ph == phase for ph, _ in bars):
             ax.plot([], [], color=color, lw=8, label=phase)
     ax.set_yticks(range(len(streams)))
     ax.set_yticklabels([f"stream {s}" for s in streams])

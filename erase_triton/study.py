@@ -21,6 +21,7 @@ from .models.ctr import CTRConfig, CTRModel
 from .models.transformer import TinyTransformer
 from .reference import head_loss
 from .scheduler import Scheduler
+from .train import training_step
 
 OCCUPANCIES = [1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
 
@@ -131,11 +132,7 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = Scheduler(mode, streams=streams)
-
-    def step(*xs):
-        opt.zero_grad(set_to_none=True)
-        model(*xs)
-        opt.step()
+    step = training_step(model, opt)
 
     out = {}
     if graphed:

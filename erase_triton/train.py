@@ -58,14 +58,20 @@ def _set_lr(opt, base: float, i: int, steps: int):
             g["lr"] = v
 
 
-def _runner(model, opt, mode: str, graph: bool, static_inputs):
-    """Returns run(inputs) doing one training step, eager or as a CUDA-graph replay."""
-    sched = Scheduler(mode)
-
+def training_step(model, opt):
+    """step(*inputs): zero grads, forward with LocalHeads (they back-propagate), optimizer step.
+    Run it inside Scheduler.step() or give it to Scheduler.capture()."""
     def step(*xs):
         opt.zero_grad(set_to_none=True)
         model(*xs)
         opt.step()
+    return step
+
+
+def _runner(model, opt, mode: str, graph: bool, static_inputs):
+    """Returns run(inputs) doing one training step, eager or as a CUDA-graph replay."""
+    sched = Scheduler(mode)
+    step = training_step(model, opt)
 
     if not graph:
         def run(inputs):

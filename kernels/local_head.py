@@ -549,10 +549,11 @@ def _launch(plan: _Plan, P: int, args: tuple, key: tuple, device: torch.device):
     ck.run(P, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *plan.constexprs.values())
 
 
-def _program_count(plan: _Plan, args, device, cfg: LaunchConfig) -> int:
+def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
+    # make_args() builds warm-up arguments; only called when the plan is new
     if plan.p_occ is None or device.type != "cuda":
         plan.p_occ = num_programs(plan.kernel, id(plan), lambda: plan.kernel.warmup(
-            *args, grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy)
+            *make_args(), grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy)
     return plan.p_occ
 
 
@@ -592,7 +593,7 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
 
     if plan.dense:
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
-        p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
+        p_occ = _program_count(plan, lambda: args(1, 1, 1, ws.ctr), dev, cfg)
         G = min(p_occ, n_tiles)
         tpg = _cdiv(n_tiles, G)
         G = _cdiv(n_tiles, tpg)
@@ -601,7 +602,7 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
         buf = ws.floats(G * stride_g)
     else:
         inv_count = 1.0
-        p_occ = _program_count(plan, args(1, 1, 1, ws.ctr), dev, cfg)
+        p_occ = _program_count(plan, lambda: args(1, 1, 1, ws.ctr), dev, cfg)
         n_v = _cdiv(C, cx["BLOCK_V"])
         n_dc = _cdiv(D, cx["BLOCK_DC"])
         # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
