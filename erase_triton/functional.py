@@ -13,7 +13,8 @@ import math
 import torch
 
 from erase_triton.kernels.launch import LaunchConfig, interpreting
-from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, local_head_launch
+from erase_triton.kernels import local_head as _klh
+from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, prepare_launch
 
 from . import reference
 from .reference import LocalHeadResult
@@ -104,9 +105,38 @@ def _check_kernel_limits(h, weight, bias, loss, C):
         _fail(f"loss='ce' supports up to {MAX_VOCAB} classes, got weight with C={C}")
 
 
+# Call signature -> prepared HeadLaunch. A signature holds everything check_args and the
+# planner read (shapes, strides, dtypes, devices, options) plus the 16-byte alignment of
+# every pointer (what the compiled kernel is specialised on), so a hit skips straight to
+# the launch: the host path of a repeated head call is a key, a dict lookup, two
+# torch.empty and the launch.
+_FAST: dict = {}
+_FAST_MAX = 1024
+
+
+def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index, config, accumulate):
+    key = (h.shape, h.stride(), h.dtype, h.get_device(), h.data_ptr() & 15,
+           weight.shape, weight.stride(), weight.dtype, weight.get_device(), weight.data_ptr() & 15,
+           target.shape, target.stride(), target.dtype, target.get_device(), target.data_ptr() & 15,
+           grad_weight.stride(), grad_weight.dtype, grad_weight.get_device(), grad_weight.data_ptr() & 15,
+           loss, reduction, ignore_index, id(config), accumulate,
+           torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32())
+    if bias is not None:
+        key += (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() & 15,
+                grad_bias.stride(), grad_bias.dtype, grad_bias.get_device(), grad_bias.data_ptr() & 15)
+    return key
+
+
 def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, backend, config,
                     grad_weight, grad_bias, accumulate):
     """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h)."""
+    key = None
+    if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
+        key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,
+                         config, accumulate)
+        hit = _FAST.get(key)
+        if hit is not None:  # same signature as a checked, prepared call
+            return hit[0](h, weight, bias, target, grad_weight, grad_bias)
     N, D, C = check_args(h, weight, bias, target, loss, reduction)
     if N == 0 or not use_triton(h, backend):
         r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index)
@@ -120,6 +150,9 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                 grad_bias.copy_(r.grad_bias)
         return r.loss.float() if r.loss.dtype != torch.float64 else r.loss, r.grad_h
     _check_kernel_limits(h, weight, bias, loss, C)
+    if grad_weight.dtype != weight.dtype or not grad_weight.is_contiguous():
+        _fail(f"grad_weight must be a contiguous {weight.dtype} tensor like weight, got dtype {grad_weight.dtype} "
+              f"strides {grad_weight.stride()}")
     h2 = h.detach().reshape(N, D)  # the kernel computes grad_h itself: no autograd record
     if h2.stride(1) != 1:
         h2 = h2.contiguous()
@@ -127,8 +160,19 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     if not y.is_contiguous():
         y = y.contiguous()
     w = weight if weight.is_contiguous() else weight.contiguous()
-    return local_head_launch(h2, w, bias, y, loss, reduction, ignore_index, config,
-                             grad_weight, grad_bias, accumulate, out_shape=h.shape)
+    b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    if grad_bias is not None and not grad_bias.is_contiguous():
+        _fail(f"grad_bias must be a contiguous tensor, got strides {grad_bias.stride()}")
+    hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias,
+                        accumulate, out_shape=h.shape)
+    # Only signatures whose tensors the kernel can read in place (no copy above) are
+    # cached; the launch then takes the caller's tensors as they are.
+    if key is not None and h2.data_ptr() == h.data_ptr() and y.data_ptr() == target.data_ptr() and w is weight \
+            and b is bias:
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[key] = (hl, config)  # holding config keeps id(config) in the key unique
+    return hl(h2, w, b, y, grad_weight, grad_bias)
 
 
 def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,

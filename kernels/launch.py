@@ -24,7 +24,8 @@ class LaunchConfig:
 
     occupancy:      fraction of the SMs the persistent grid may fill (0 < x <= 1);
                     None fills the whole device.
-    block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule.
+    block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
+                    be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
@@ -43,10 +44,10 @@ class LaunchConfig:
             raise ValueError(f"occupancy must be in (0, 1] or None, got {self.occupancy!r}")
         if self.fp32_precision is not None and self.fp32_precision not in _FP32_PRECISIONS:
             raise ValueError(f"fp32_precision must be one of {_FP32_PRECISIONS}, got {self.fp32_precision!r}")
-        for name in ("block_n", "block_d", "block_v"):
+        for name, least in (("block_n", 1), ("block_d", 16), ("block_v", 16)):
             v = getattr(self, name)
-            if v is not None and (v < 16 or v & (v - 1)):
-                raise ValueError(f"{name} must be a power of two >= 16, got {v!r}")
+            if v is not None and (v < least or v & (v - 1)):
+                raise ValueError(f"{name} must be a power of two >= {least}, got {v!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 
-__all__ = ["LOSSES", "local_head_launch", "MAX_DENSE_C", "MAX_VOCAB"]
+__all__ = ["HeadLaunch", "LOSSES", "local_head_launch", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
@@ -58,10 +58,13 @@ def _item_done(done_ptr):
 
 @triton.jit
 def _wait_all(done_ptr, n_items):
-    # Grid barrier over *claimed items*, safe with a partially resident grid.
-    done = tl.atomic_add(done_ptr, 0, sem="acquire")
+    # Grid barrier over *claimed items*, safe with a partially resident grid. Spin on
+    # volatile loads (reads: cheap for the L2 even with thousands of waiters), then one
+    # acquire to order what follows after every item's release.
+    done = tl.load(done_ptr, volatile=True)
     while done < n_items:
-        done = tl.atomic_add(done_ptr, 0, sem="acquire")
+        done = tl.load(done_ptr, volatile=True)
+    tl.atomic_add(done_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
 
@@ -125,7 +128,7 @@ def _reduce_rows(part_ptr, stride_g, G, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, 
     o_e = r * BLOCK_R + tl.arange(0, BLOCK_R)
     m_e = o_e < CD + C + 1
     b_acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for g0 in range(0, G, BLOCK_G):
+    for g0 in tl.range(0, G, BLOCK_G, num_stages=3):  # several loads in flight: L2 latency, not a chain
         o_g = g0 + tl.arange(0, BLOCK_G)
         p = part_ptr + o_g.to(tl.int64)[:, None] * stride_g + o_e[None, :]
         b_acc += tl.sum(tl.load(p, mask=(o_g < G)[:, None] & m_e[None, :], other=0.0, cache_modifier=".cg"), axis=0)
@@ -472,12 +475,19 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
     # num_stages=2 (software pipelining of the row-tile loop) took the BCE anchor from 117 to
     # 93 µs on the H200, but has not had a GPU correctness run yet: opt-in via LaunchConfig.
     stages = cfg.num_stages or 1
+    if block_c > 1 and bn < 16:
+        raise ValueError(f"block_n must be >= 16 when C > 1 (the tile product uses tl.dot), got {bn}")
+    # phase R: column chunks of 16 over 256 group rows (16 KB a load): C*D = 1024 gives 65
+    # items, so the fixed-order sum is spread over the grid instead of a few programs.
+    br = 16 if C * D <= 65536 else 64
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
-                BLOCK_G=64, BLOCK_R=64, num_warps=cfg.num_warps or warps)
+                BLOCK_G=4096 // br, BLOCK_R=br, num_warps=cfg.num_warps or warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
     dp = max(next_pow2(D), 16)
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
     if cuda:
         bn, bv, bdc, bk = cfg.block_n or 64, cfg.block_v or 128, cfg.block_d or min(dp, 256), min(dp, 64)
     else:  # interpreter: fewer, bigger tiles
@@ -489,12 +499,11 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
 class _Plan:
     """Everything about a launch that does not depend on N, computed once per key."""
 
-    __slots__ = ("kernel", "dense", "constexprs", "num_warps", "p_occ", "fast")
+    __slots__ = ("kernel", "dense", "constexprs", "num_warps", "p_occ")
 
     def __init__(self, kernel, dense, constexprs, num_warps):
         self.kernel, self.dense, self.constexprs, self.num_warps = kernel, dense, constexprs, num_warps
         self.p_occ = None
-        self.fast = {}  # alignment/divisibility key -> compiled kernel (direct launch)
 
 
 _PLANS: dict = {}
@@ -526,29 +535,6 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     return p
 
 
-def _align_key(tensors, stride_h: int) -> tuple:
-    # What Triton specializes on beyond the plan: dtype and 16-byte alignment of the
-    # caller's tensors, and the row stride (== 1, % 16). Library-allocated buffers are
-    # always aligned; per-call ints are in do_not_specialize.
-    return (stride_h == 1, stride_h % 16 == 0) + tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
-
-
-def _launch(plan: _Plan, P: int, args: tuple, key: tuple, device: torch.device):
-    if device.type != "cuda":
-        plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
-        return
-    ck = plan.fast.get(key)
-    if ck is None:
-        ck = plan.kernel[(P,)](*args, num_warps=plan.num_warps, **plan.constexprs)
-        if hasattr(ck, "run") and hasattr(ck, "function"):
-            plan.fast[key] = ck
-        return
-    # Direct launch of the compiled kernel: Triton's generic dispatch (argument binding,
-    # cache-key hashing) costs more host time than the whole head on small batches.
-    stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
-    ck.run(P, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *plan.constexprs.values())
-
-
 def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
     # make_args() builds warm-up arguments; only called when the plan is new
     if plan.p_occ is None or device.type != "cuda":
@@ -557,23 +543,77 @@ def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
     return plan.p_occ
 
 
-def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
-                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None):
-    """One launch. h2 [N, D] (unit stride on D); y already [N, C] float or [N] int.
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
-    Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
-    (loss [] fp32, grad_h contiguous in h2's dtype, shaped `out_shape` or [N, D]).
+
+class HeadLaunch:
+    """One head call with everything but the tensors fixed (plan, grid, ints, compiled kernel).
+
+    Built once per call signature (shapes, strides, dtypes, alignment, options) by
+    `prepare_launch`; calling it allocates grad_h and the loss and launches. On CUDA it
+    calls Triton's compiled launcher directly with raw pointers: the generic dispatch
+    (argument binding, specialisation hashing, a driver query per pointer) costs more
+    host time than a small head's whole kernel.
     """
+
+    __slots__ = ("plan", "device", "index", "out_shape", "h_dtype", "n_buf", "P", "ints", "cx",
+                 "has_bias", "raw", "function", "packed", "coop", "pdl", "__weakref__")
+
+    def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
+        """h [N, D] rows with the stride this launch was prepared for; returns (loss, grad_h)."""
+        dev = self.device
+        if self.raw is not None:
+            stream = torch._C._cuda_getCurrentRawStream(self.index)
+            ws = _WORKSPACES.get((self.index, stream)) or _workspace(dev)
+        else:
+            ws = _workspace(dev)
+        grad_h = torch.empty(self.out_shape, dtype=self.h_dtype, device=dev)
+        loss_out = torch.empty((), dtype=torch.float32, device=dev)
+        buf = ws.buf if ws.buf.numel() >= self.n_buf else ws.floats(self.n_buf)
+        if POISON:
+            grad_h.fill_(float("nan"))
+            loss_out.fill_(float("nan"))
+            buf.fill_(float("nan"))
+        if not self.has_bias:
+            bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
+        if self.raw is None:
+            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, grad_weight, grad_bias, loss_out, buf, ws.ctr,
+                                        *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
+        else:
+            self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
+                     None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
+                     grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
+                     ws.ctr.data_ptr(), *self.ints, *self.cx)
+        return loss_out, grad_h
+
+
+def _direct_launcher(hl: HeadLaunch, compiled) -> None:
+    # Triton's CudaLauncher.__call__ allocates scratch (none here) and forwards to the C
+    # `launch`; call that directly when nothing else is needed, else fall back to __call__.
+    launcher = compiled.run  # loads the binary on first use
+    hl.function, hl.packed = compiled.function, compiled.packed_metadata
+    plain = (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
+             and hasattr(launcher, "launch"))
+    if plain:
+        hl.raw, hl.coop, hl.pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    else:
+        def raw(gx, gy, gz, stream, function, _coop, _pdl, _gs, _ps, packed, *rest):
+            launcher(gx, gy, gz, stream, function, packed, *rest)
+        hl.raw, hl.coop, hl.pdl = raw, None, None
+
+
+def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
+                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None) -> HeadLaunch:
+    """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
     cuda = dev.type == "cuda"
+    if cuda and _device_index(dev) != torch.cuda.current_device():
+        raise ValueError(f"h is on {dev} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
+                         f"call torch.cuda.set_device({dev}) or use `with torch.cuda.device(...)`")
     ws = _workspace(dev)
-    grad_h = torch.empty(out_shape or (N, D), dtype=h2.dtype, device=dev)
-    loss_out = torch.empty((), dtype=torch.float32, device=dev)
-    if POISON:
-        grad_h.fill_(float("nan"))
-        loss_out.fill_(float("nan"))
     has_bias = bias is not None
     dot_fp32 = interpreting()
     precision = "ieee"
@@ -587,22 +627,22 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
     n_tiles = _cdiv(N, bn)
     stride_g = _cdiv(C * D + C + 1, 16) * 16
 
-    def args(P, G, tpg, buf):
-        return (h2, weight, b_arg, y, grad_h, grad_weight, gb_arg, loss_out, buf, ws.ctr,
+    def args(P, G, tpg, inv_count):
+        # warm-up arguments: dtypes stand for library-allocated (aligned) outputs and scratch
+        return (h2, weight, b_arg, y, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, ws.ctr,
                 N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
 
+    p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
     if plan.dense:
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
-        p_occ = _program_count(plan, lambda: args(1, 1, 1, ws.ctr), dev, cfg)
         G = min(p_occ, n_tiles)
         tpg = _cdiv(n_tiles, G)
         G = _cdiv(n_tiles, tpg)
         n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
         P = min(p_occ, max(G, n_r))  # no program without work
-        buf = ws.floats(G * stride_g)
+        n_buf = G * stride_g
     else:
         inv_count = 1.0
-        p_occ = _program_count(plan, lambda: args(1, 1, 1, ws.ctr), dev, cfg)
         n_v = _cdiv(C, cx["BLOCK_V"])
         n_dc = _cdiv(D, cx["BLOCK_DC"])
         # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
@@ -610,10 +650,26 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
         tpg = _cdiv(n_tiles, G)
         G = _cdiv(n_tiles, tpg)
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
-        buf = ws.floats(N + n_tiles + (G * stride_g if G > 1 else 0))
-    if POISON:
-        buf.fill_(float("nan"))
-    a = args(P, G, tpg, buf)
-    key = _align_key((h2, weight, b_arg, y, grad_weight, gb_arg), h2.stride(0)) if cuda else None
-    _launch(plan, P, a, key, dev)
-    return loss_out, grad_h
+        n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
+    hl = HeadLaunch()
+    hl.plan, hl.device, hl.out_shape, hl.h_dtype = plan, dev, tuple(out_shape or (N, D)), h2.dtype
+    hl.n_buf, hl.P, hl.has_bias, hl.cx = n_buf, P, has_bias, tuple(cx.values())
+    hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
+    hl.raw = None
+    if cuda:
+        hl.index = _device_index(dev)
+        compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), num_warps=plan.num_warps, **cx)
+        _direct_launcher(hl, compiled)
+    return hl
+
+
+def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
+                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None):
+    """One launch. h2 [N, D] (unit stride on D); y already [N, C] float or [N] int.
+
+    Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
+    (loss [] fp32, grad_h contiguous in h2's dtype, shaped `out_shape` or [N, D]).
+    """
+    hl = prepare_launch(h2, weight, bias, y, loss, reduction, ignore_index, cfg, grad_weight, grad_bias,
+                        accumulate, out_shape)
+    return hl(h2, weight, bias, y, grad_weight, grad_bias)

@@ -98,6 +98,22 @@ def test_small_tiles_many_chunks(loss, C, device):
     check(loss, 100, 130, C, torch.float32, True, None, device, config=cfg)
 
 
+@pytest.mark.parametrize("loss,block_n,num_warps,stages", [("bce", 2, 1, 2), ("mse", 1, 2, 1), ("bce", 4, 4, 3)])
+def test_narrow_row_tiles_c1(loss, block_n, num_warps, stages, device):
+    # C == 1 whole-row tiles take no tl.dot, so row tiles below 16 are allowed (the bandwidth tuning grid)
+    cfg = LaunchConfig(block_n=block_n, num_warps=num_warps, num_stages=stages)
+    check(loss, 37, 130, 1, torch.float32, True, None, device, config=cfg)
+
+
+def test_narrow_row_tiles_need_c1(device):
+    h, w, b, y = make("bce", 8, 4, 3, torch.float32, True, device)
+    with pytest.raises(ValueError, match="block_n must be >= 16 when C > 1"):
+        fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(block_n=8))
+    h, w, b, y = make("ce", 8, 4, 100, torch.float32, True, device)
+    with pytest.raises(ValueError, match="block_n must be >= 16 for the vocabulary kernel"):
+        fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
+
+
 def test_leading_dims_and_scalar_bce_target(device):
     h, w, b, _ = make("bce", 12, 40, 1, torch.float32, True, device)
     h3 = h.reshape(3, 4, 40)

@@ -1,0 +1,96 @@
+"""Tile study of the dense fused head on its bandwidth anchor (BCE, C=1, D=1024, bf16).
+
+    python benchmarks/tune_dense_head.py [--out benchmarks/results/tune_dense_head.csv]
+
+Kernel time is the replay of a CUDA graph of 20 head calls (so host cost is out of it),
+at N=65536 (the issue's anchor: 268 MB moved) and N=8192 (mostly fixed cost: grid
+barrier, fixed-order reduction, launch). Every variant is checked against the default
+launch before its time counts. Grid: block_n x num_warps x num_stages.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import copy_bandwidth_gbs, metadata, print_table, write_csv  # noqa: E402
+
+from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
+from erase_triton import functional as fn  # noqa: E402
+
+
+def graph_us(call, reps: int = 20, iters: int = 10) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            call()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/tune_dense_head.csv")
+    ap.add_argument("--D", type=int, default=1024)
+    args = ap.parse_args()
+    meta = metadata()
+    bw = copy_bandwidth_gbs()
+    meta["copy_gbs"] = round(bw, 1)
+    print(f"# {meta['gpu']} torch {meta['torch']} triton {meta['triton']} copy {bw:.0f} GB/s", flush=True)
+    D = args.D
+    grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st)
+                     for bn, nw, st in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 3))
+                     if bn * D // (32 * nw) <= 256]  # at most 256 h elements a thread
+    rows = []
+    for N in (65536, 8192):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
+        b = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
+        y = torch.rand(N, 1, device="cuda", generator=g).round()
+        floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
+        base = fused_local_head(h, w, b, y)
+        for cfg in grid:
+            name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}"
+            row = dict(N=N, D=D, variant=name, floor_us=floor_us)
+            try:
+                out = fused_local_head(h, w, b, y, config=cfg)
+                hl = list(fn._FAST.values())[-1][0]
+                row.update(P=hl.P, groups=hl.ints[8])
+                ok = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=1e-5) for o, r in zip(out, base))
+                row["matches_default"] = ok
+                us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
+                row.update(us=us, pct_of_floor=100 * floor_us / us)
+            except Exception as ex:  # a variant that does not compile/fit must not lose the rest
+                row["error"] = repr(ex)[:160]
+            rows.append(row)
+            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    write_csv(args.out, rows, meta)
+    for N in (65536, 8192):
+        ok = sorted([r for r in rows if r["N"] == N and "us" in r and r["matches_default"]], key=lambda r: r["us"])
+        print(f"# N={N}: default and the 8 fastest")
+        print_table([r for r in rows if r["N"] == N and r["variant"] == "default"] + ok[:8],
+                    ["N", "variant", "P", "groups", "us", "floor_us", "pct_of_floor"])
+
+
+if __name__ == "__main__":
+    main()
