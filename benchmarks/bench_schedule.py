@@ -24,7 +24,7 @@ MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384
 MODES = ["e2e", "sequential", "erase"]
 
 
-def mlp_case(width, batch, dtype, heads, occupancy=None):
+def mlp_case(width, batch, dtype, heads, occupancy="auto"):
     torch.manual_seed(0)
     model = MLPChain(width, backend="torch" if heads == "torch" else "auto", occupancy=occupancy,
                      device="cuda", dtype=dtype)
@@ -33,7 +33,7 @@ def mlp_case(width, batch, dtype, heads, occupancy=None):
     return model, (x, y)
 
 
-def transformer_case(width, batch, seq, heads, occupancy=None):
+def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
 
 
@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--model", default="all", choices=["mlp", "transformer", "all"])
     ap.add_argument("--out", default="benchmarks/results/schedule.csv")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-width", type=int, default=None, help="only configs up to this width")
     args = ap.parse_args()
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -98,12 +99,14 @@ def main():
     cases = []
     if args.model in ("mlp", "all"):
         cfgs = MLP_CONFIGS[:2] if args.quick else MLP_CONFIGS
+        cfgs = [c for c in cfgs if args.max_width is None or c[0] <= args.max_width]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads)))
     if args.model in ("transformer", "all"):
-        for w, b, s in ([(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]):
+        tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
+        for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16"),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads)))
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta))

@@ -44,7 +44,8 @@ def cmd_bench(a):
     from .plots import plot_bench
     from .study import bench
 
-    rows = bench(a.out, quick=a.quick, compile_baseline=not a.no_compile)
+    models = ("ctr", "transformer") if a.model == "all" else (a.model,)
+    rows = bench(a.out, quick=a.quick, compile_baseline=not a.no_compile, models=models, eager=a.eager)
     plot_bench([{k: str(v) for k, v in r.items()} for r in rows], os.path.join(a.out, "bench.png"))
     print(f"wrote {a.out}/bench.csv and bench.png")
 
@@ -103,6 +104,8 @@ def main(argv=None):
         p.add_argument("--quick", action="store_true")
         if name == "bench":
             p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+            p.add_argument("--model", choices=["ctr", "transformer", "all"], default="all")
+            p.add_argument("--eager", action="store_true", help="also time eager steps")
         p.set_defaults(fn=fn)
     tr = sub.add_parser("trace", help="profiler traces + stream timelines of erase steps (CUDA)")
     tr.add_argument("--out", default="runs")

@@ -163,8 +163,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     if grad_bias is not None and not grad_bias.is_contiguous():
         _fail(f"grad_bias must be a contiguous tensor, got strides {grad_bias.stride()}")
-    hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias,
-                        accumulate, out_shape=h.shape)
+    hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias, accumulate)
     # Only signatures whose tensors the kernel can read in place (no copy above) are
     # cached; the launch then takes the caller's tensors as they are.
     if key is not None and h2.data_ptr() == h.data_ptr() and y.data_ptr() == target.data_ptr() and w is weight \
@@ -172,7 +171,8 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
         _FAST[key] = (hl, config)  # holding config keeps id(config) in the key unique
-    return hl(h2, w, b, y, grad_weight, grad_bias)
+    loss_t, grad_h = hl(h2, w, b, y, grad_weight, grad_bias)
+    return loss_t, grad_h.view(h.shape)
 
 
 def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
@@ -191,8 +191,8 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)
-    grad_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    grad_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
+    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else None
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
                                      ignore_index=ignore_index, backend=backend, config=cfg,
                                      grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False)

@@ -95,6 +95,7 @@ class Scheduler:
         self.n_streams = streams
         self.device = device
         self._streams: list = []
+        self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
         self._leaf_cache: dict = {}
         self.last_trace: list = []
         self._in_step = False
@@ -107,6 +108,15 @@ class Scheduler:
         while len(self._streams) <= k:
             self._streams.append(torch.cuda.Stream(device=self._cuda_device))
         return self._streams[k]
+
+    def _record(self, kind: str, index: int, stream):
+        # A re-recorded event is safe to reuse: a wait already queued on the device keeps
+        # the record it saw when it was issued (CUDA event semantics).
+        ev = self._events.get((kind, index))
+        if ev is None:
+            ev = self._events[(kind, index)] = torch.cuda.Event()
+        ev.record(stream)
+        return ev
 
     @contextlib.contextmanager
     def step(self):
@@ -133,7 +143,7 @@ class Scheduler:
             if self._use_streams():
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 s0 = self._ring_stream(0)
-                s0.wait_stream(caller)
+                s0.wait_event(self._record("start", 0, caller))
                 self._forked = {0}
                 torch.cuda.set_stream(s0)
             self.last_trace.append(("fwd", 0, self._plan.stream_of(0)))
@@ -170,12 +180,12 @@ class Scheduler:
         if not self._use_streams():
             return _labelled(head, h, target, seg)
         cur = self._ring_stream(plan.stream_of(seg))
-        fwd_done = cur.record_event()
+        fwd_done = self._record("fwd", seg, cur)
         for j in after:
             cur.wait_event(self._bwd_events[j])
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
         out = _labelled(head, h, target, seg, beside=not head.final)
-        self._bwd_events[seg] = cur.record_event()
+        self._bwd_events[seg] = self._record("bwd", seg, cur)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.
@@ -193,7 +203,7 @@ class Scheduler:
     def _join(self):
         """The caller's stream waits for every ring stream this step forked, and becomes current."""
         for k in sorted(self._forked):
-            self._caller.wait_stream(self._ring_stream(k))
+            self._caller.wait_event(self._record("join", k, self._ring_stream(k)))
             self.last_trace.append(("join", k))
         self._forked = set()
         torch.cuda.set_stream(self._caller)

@@ -169,31 +169,42 @@ def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:
 
 
 # ------------------------------------------------------------------------------- bench
-BENCH_CTR = [(512, 4096), (1024, 16384), (2048, 16384), (2048, 32768), (4096, 16384)]
+BENCH_CTR = [(256, 2048), (256, 8192), (512, 4096), (512, 16384), (1024, 4096), (1024, 16384), (2048, 16384),
+             (2048, 32768), (4096, 16384)]
 BENCH_TF = [(256, 32, 128), (512, 32, 128), (512, 32, 256), (1024, 32, 256), (2048, 16, 256)]
+COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("transformer", 512, 32),
+              ("transformer", 1024, 32)}  # torch.compile(e2e) baseline here (each costs a compile)
 
 
-def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, log=print) -> list[dict]:
-    """Speedup curves: erase (fused heads) vs sequential vs e2e vs torch.compile(e2e)."""
+def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, models=("ctr", "transformer"),
+          eager: bool = False, log=print) -> list[dict]:
+    """Speedup curves: erase (fused heads) vs sequential vs e2e vs torch.compile(e2e).
+
+    Graphed steps (the regime the scheduler is for); `eager` adds eager steps. fp32
+    matmuls run in TF32, as a CTR user on Hopper runs them (recorded in the CSV metadata).
+    """
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
-    ctr = [(128, 512)] if not cuda else (BENCH_CTR[:2] if quick else BENCH_CTR)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
     tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
     rows = []
     cases = [("ctr", dict(width=w, batch=b), lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000))
-             for w, b in ctr]
+             for w, b in ctr if "ctr" in models]
     cases += [("transformer", dict(width=w, batch=b, seq=s),
                lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
-              for w, b, s in tf]
+              for w, b, s in tf if "transformer" in models]
+    meta = metadata()
+    meta["fp32_matmul"] = "tf32" if cuda else "ieee"
     for name, desc, build in cases:
-        for graphed in ([False, True] if cuda else [False]):
+        for graphed in ([True] + ([False] if eager else []) if cuda else [False]):
             for mode in ("e2e", "sequential", "erase"):
                 model, inputs = build()
                 r = dict(model=name, **desc, exec="graph" if graphed else "eager", mode=mode, **time_step(model, inputs, mode, graphed))
                 rows.append(r)
                 log(r)
-        if compile_baseline and cuda and desc["width"] in (512, 1024) and desc.get("seq", 256) == 256 or \
-                compile_baseline and cuda and name == "ctr" and desc["width"] in (1024, 2048) and desc["batch"] == 16384:
+        if compile_baseline and cuda and (name, desc["width"], desc["batch"]) in COMPILE_AT:
             model, inputs = build()
             try:
                 r = dict(model=name, **desc, exec="compile", mode="e2e", **time_compiled_e2e(model, inputs))
@@ -203,7 +214,7 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, log=
             log(r)
         if cuda:
             torch.cuda.empty_cache()
-        write_csv(os.path.join(out_dir, "bench.csv"), rows)
+        write_csv(os.path.join(out_dir, "bench.csv"), rows, meta)
     return rows
 
 

@@ -467,14 +467,21 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
         bd = max(dp, 16)  # whole rows in one tile: h is read once, W once per program
     else:
         bd = 128
-    bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
+    rows_c1 = bd >= D and block_c == 1  # whole rows, no tl.dot: a bandwidth-bound row stream
+    if rows_c1:
+        # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
+        # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
+        # previous 16 rows on 4 warps, unpipelined. Same 128 h elements a thread for other D.
+        bn = cfg.block_n or max(1, min(128, 8192 // bd))
+        warps, stages = 2, 2
+    else:
+        bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
+        # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
+        warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
+        stages = 1
     if not cuda:  # interpreter: cost is per op, so take big tiles
         bn = cfg.block_n or max(64, bn)
-    # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
-    warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
-    # num_stages=2 (software pipelining of the row-tile loop) took the BCE anchor from 117 to
-    # 93 µs on the H200, but has not had a GPU correctness run yet: opt-in via LaunchConfig.
-    stages = cfg.num_stages or 1
+    stages = cfg.num_stages or stages
     if block_c > 1 and bn < 16:
         raise ValueError(f"block_n must be >= 16 when C > 1 (the tile product uses tl.dot), got {bn}")
     # phase R: column chunks of 16 over 256 group rows (16 KB a load): C*D = 1024 gives 65
@@ -557,19 +564,21 @@ class HeadLaunch:
     host time than a small head's whole kernel.
     """
 
-    __slots__ = ("plan", "device", "index", "out_shape", "h_dtype", "n_buf", "P", "ints", "cx",
+    __slots__ = ("plan", "device", "index", "h_dtype", "n_buf", "P", "ints", "cx", "loss_like",
                  "has_bias", "raw", "function", "packed", "coop", "pdl", "__weakref__")
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
-        """h [N, D] rows with the stride this launch was prepared for; returns (loss, grad_h)."""
+        """h: the rows with the strides this launch was prepared for (any leading shape).
+        Returns (loss, grad_h contiguous, shaped like h)."""
         dev = self.device
         if self.raw is not None:
             stream = torch._C._cuda_getCurrentRawStream(self.index)
             ws = _WORKSPACES.get((self.index, stream)) or _workspace(dev)
         else:
             ws = _workspace(dev)
-        grad_h = torch.empty(self.out_shape, dtype=self.h_dtype, device=dev)
-        loss_out = torch.empty((), dtype=torch.float32, device=dev)
+        # empty_like: half the host cost of torch.empty(shape, dtype=, device=)
+        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
+        loss_out = torch.empty_like(self.loss_like)
         buf = ws.buf if ws.buf.numel() >= self.n_buf else ws.floats(self.n_buf)
         if POISON:
             grad_h.fill_(float("nan"))
@@ -604,7 +613,7 @@ def _direct_launcher(hl: HeadLaunch, compiled) -> None:
 
 
 def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
-                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None) -> HeadLaunch:
+                   grad_weight: torch.Tensor, grad_bias, accumulate: bool) -> HeadLaunch:
     """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int)."""
     N, D = h2.shape
     C = weight.shape[0]
@@ -652,7 +661,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
         n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
     hl = HeadLaunch()
-    hl.plan, hl.device, hl.out_shape, hl.h_dtype = plan, dev, tuple(out_shape or (N, D)), h2.dtype
+    hl.plan, hl.device, hl.h_dtype = plan, dev, h2.dtype
+    hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
     hl.n_buf, hl.P, hl.has_bias, hl.cx = n_buf, P, has_bias, tuple(cx.values())
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
     hl.raw = None
@@ -670,6 +680,6 @@ def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_ind
     Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
     (loss [] fp32, grad_h contiguous in h2's dtype, shaped `out_shape` or [N, D]).
     """
-    hl = prepare_launch(h2, weight, bias, y, loss, reduction, ignore_index, cfg, grad_weight, grad_bias,
-                        accumulate, out_shape)
-    return hl(h2, weight, bias, y, grad_weight, grad_bias)
+    hl = prepare_launch(h2, weight, bias, y, loss, reduction, ignore_index, cfg, grad_weight, grad_bias, accumulate)
+    loss_out, grad_h = hl(h2, weight, bias, y, grad_weight, grad_bias)
+    return loss_out, (grad_h if out_shape is None else grad_h.view(out_shape))
