@@ -1,11 +1,12 @@
 """Tile study of the dense fused head on its bandwidth anchor (BCE, C=1, D=1024, bf16).
 
-    python benchmarks/tune_dense_head.py [--out benchmarks/results/tune_dense_head.csv]
+    python benchmarks/tune_dense_head.py [--out benchmarks/results/tune_dense_head.csv] [--shapes 65536x1024,...] [--small]
 
 Kernel time is the replay of a CUDA graph of 20 head calls (so host cost is out of it),
-at N=65536 (the issue's anchor: 268 MB moved) and N=8192 (mostly fixed cost: grid
-barrier, fixed-order reduction, launch). Every variant is checked against the default
-launch before its time counts. Grid: block_n x num_warps x num_stages.
+by default at N=65536 (the issue's anchor: 268 MB moved) and N=8192 (mostly fixed cost:
+grid barrier, fixed-order reduction, launch); --shapes picks others. Every variant is
+checked against the default launch before its time counts. Grid: block_n x num_warps x
+num_stages (--small: five candidate rules).
 """
 from __future__ import annotations
 
@@ -50,18 +51,25 @@ def graph_us(call, reps: int = 20, iters: int = 10) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/tune_dense_head.csv")
-    ap.add_argument("--D", type=int, default=1024)
+    ap.add_argument("--shapes", default="65536x1024,8192x1024", help="NxD,... (all rows of one D share the grid)")
+    ap.add_argument("--small", action="store_true", help="a short grid (for launch-bound shapes)")
     args = ap.parse_args()
     meta = metadata()
     bw = copy_bandwidth_gbs()
     meta["copy_gbs"] = round(bw, 1)
     print(f"# {meta['gpu']} torch {meta['torch']} triton {meta['triton']} copy {bw:.0f} GB/s", flush=True)
-    D = args.D
-    grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st)
-                     for bn, nw, st in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 3))
-                     if bn * D // (32 * nw) <= 256]  # at most 256 h elements a thread
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
     rows = []
-    for N in (65536, 8192):
+    for N, D in shapes:
+        if args.small:
+            grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st) for bn, nw, st in
+                             [(max(16, min(128, 16384 // D)), 4, 1), (max(1, min(128, 8192 // D)), 2, 2),
+                              (max(1, min(128, 8192 // D)), 2, 1), (max(1, min(128, 4096 // D)), 4, 1),
+                              (max(16, min(128, 16384 // D)), 4, 2)]]
+        else:
+            grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st)
+                             for bn, nw, st in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 3))
+                             if bn * D // (32 * nw) <= 256]  # at most 256 h elements a thread
         g = torch.Generator(device="cuda").manual_seed(0)
         h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
         w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
@@ -85,12 +93,12 @@ def main():
             rows.append(row)
             print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     write_csv(args.out, rows, meta)
-    for N in (65536, 8192):
-        ok = sorted([r for r in rows if r["N"] == N and "us" in r and r["matches_default"]], key=lambda r: r["us"])
-        print(f"# N={N}: default and the 8 fastest")
-        print_table([r for r in rows if r["N"] == N and r["variant"] == "default"] + ok[:8],
-                    ["N", "variant", "P", "groups", "us", "floor_us", "pct_of_floor"])
-
+    for N, D in shapes:
+        ok = sorted([r for r in rows if (r["N"], r["D"]) == (N, D) and "us" in r and r["matches_default"]],
+                    key=lambda r: r["us"])
+        print(f"# N={N} D={D}: default and the 8 fastest")
+        print_table([r for r in rows if (r["N"], r["D"]) == (N, D) and r["variant"] == "default"] + ok[:8],
+                    ["N", "D", "variant", "P", "groups", "us", "floor_us", "pct_of_floor"])
 
 if __name__ == "__main__":
     main()

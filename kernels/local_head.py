@@ -467,7 +467,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
         bd = max(dp, 16)  # whole rows in one tile: h is read once, W once per program
     else:
         bd = 128
-    rows_c1 = bd >= D and block_c == 1  # whole rows, no tl.dot: a bandwidth-bound row stream
+    rows_c1 = bd >= D and block_c == 1 and bd >= 512  # long whole rows, no tl.dot: a bandwidth-bound stream
     if rows_c1:
         # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
         # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
