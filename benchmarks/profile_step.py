@@ -42,7 +42,10 @@ def main():
             run()
         pr.disable()
         torch.cuda.synchronize()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+        st = pstats.Stats(pr).sort_stats("tottime")
+        st.print_stats(14)
+        if mode == "erase":  # what the ring adds around each head
+            st.print_callees("detach_point")
 
 
 if __name__ == "__main__":
