@@ -77,8 +77,15 @@ def cmd_trace(a):
 def cmd_plot(a):
     from .plots import plot_file
 
+    drawn = 0
     for p in a.results:
-        print(plot_file(p, a.out))
+        try:
+            print(plot_file(p, a.out))
+            drawn += 1
+        except ValueError as e:  # e.g. a raw CSV whose summary is the plotted one
+            print(f"skipped: {e}", file=sys.stderr)
+    if not drawn:
+        raise SystemExit("no plot drawn")
 
 
 def main(argv=None):

@@ -171,6 +171,48 @@ def plot_quality(rows: list[dict], path: str):
     plt.close(fig)
 
 
+def plot_tune(rows: list[dict], path: str):
+    """Dense-head tile study: % of the HBM floor per variant, one panel per shape."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r.get("us") not in ("", None):
+            groups[(r["N"], r["D"])].append(r)
+    n = len(groups)
+    fig, axes = plt.subplots(1, n, figsize=(max(5.0, 0.35 * max(len(v) for v in groups.values())) * min(n, 3), 4.2),
+                             squeeze=False) if n <= 3 else plt.subplots(n, 1, figsize=(14, 3.2 * n), squeeze=False)
+    axes = axes.ravel()
+    for ax, ((N, D), rs) in zip(axes, groups.items()):
+        rs = sorted(rs, key=lambda r: -_f(r, "pct_of_floor"))
+        colors = ["#C44E52" if r["variant"] == "default" else "#4C72B0" for r in rs]
+        ax.bar(range(len(rs)), [_f(r, "pct_of_floor") for r in rs], color=colors)
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels([r["variant"] for r in rs], rotation=90, fontsize=6)
+        ax.set_ylabel("% of HBM floor")
+        ax.set_title(f"BCE C=1 N={N} D={D} bf16 (red: default)", fontsize=9)
+    fig.suptitle(f"Dense head tile study ({_gpu(rows)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_partition(rows: list[dict], path: str):
+    """SM-partitioning levers: graphed step time relative to the shipped library."""
+    rs = [r for r in rows if r.get("ms") not in ("", None)]
+    base = {(r["case"], r["mode"]): _f(r, "ms") for r in rs if r["variant"] == "baseline"}
+    labels = [f"{r['case']}\n{r['mode']}: {r['variant']}" for r in rs]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rs) + 1.2))
+    ax.barh(range(len(rs)), [base[(r["case"], r["mode"])] / _f(r, "ms") for r in rs])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(rs)))
+    ax.set_yticklabels(labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed vs. baseline (same case and mode)")
+    ax.set_title(f"cuBLAS SM carveout and green contexts ({_gpu(rows)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     """Draw the plot that fits a result CSV's columns; returns the PNG path."""
     from .study import read_csv
@@ -187,11 +229,15 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
         plot_sweep(rows, out)
     elif "graph_erase_vs_seq" in cols:
         plot_schedule(rows, out)
+    elif {"variant", "floor_us", "P"} <= cols:
+        plot_tune(rows, out)
     elif {"variant", "floor_us"} <= cols:
         plot_local_head(rows, out)
+    elif {"case", "variant", "ms"} <= cols:
+        plot_partition(rows, out)
     elif "ne_mean" in cols or "perplexity_mean" in cols:
         plot_quality(rows, out)
-    elif {"exec", "mode", "ms"} <= cols:
+    elif {"exec", "mode", "ms"} <= cols and "heads" not in cols:  # raw schedule.csv: see its _summary
         plot_bench(rows, out)
     else:
         raise ValueError(f"{csv_path}: unknown result columns {sorted(cols)}")

@@ -165,8 +165,8 @@ def test_plot_committed_results(tmp_path):
     from erase_triton.cli import main
 
     csvs = [os.path.join(RESULTS, f) for f in sorted(os.listdir(RESULTS))
-            if f.endswith(".csv") and f.split(".")[0] in ("local_head", "sweep", "schedule_summary", "bench",
-                                                          "quality_summary")]
+            if f.endswith(".csv") and f.split(".")[0] in ("local_head_quick", "sweep", "schedule_summary", "bench",
+                                                          "quality_summary", "tune_dense_head", "partition")]
     assert csvs
     main(["plot", *csvs, "--out", str(tmp_path)])
     for c in csvs:
