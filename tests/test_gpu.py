@@ -18,13 +18,14 @@ def rel_err(a, b):
 
 
 def test_pipelined_rows_match_reference():
-    # LaunchConfig(num_stages=2): measured 93 µs vs 117 µs on the BCE anchor; kept opt-in until this passes
+    # The default for long C == 1 rows pipelines the row loop (2 stages); unpipelined, the same
+    # tiles must give bitwise the same result (pipelining reorders loads, not arithmetic)
     h = torch.randn(65536, 1024, device=dev, dtype=torch.bfloat16)
     w = torch.randn(1, 1024, device=dev, dtype=torch.bfloat16) / 32
     b = torch.zeros(1, device=dev, dtype=torch.bfloat16)
     y = torch.rand(65536, device=dev).round()
-    fast = fused_local_head(h, w, b, y, config=et.LaunchConfig(num_stages=2))
-    base = fused_local_head(h, w, b, y)
+    fast = fused_local_head(h, w, b, y)
+    base = fused_local_head(h, w, b, y, config=et.LaunchConfig(num_stages=1))
     for a, c in zip(fast, base):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
 
