@@ -567,7 +567,8 @@ class HeadLaunch:
     `prepare_launch`; calling it allocates grad_h and the loss and launches. On CUDA it
     calls Triton's compiled launcher directly with raw pointers: the generic dispatch
     (argument binding, specialisation hashing, a driver query per pointer) costs more
-    host time than a small head's whole kernel.
+    host time than a small head's whole kernel. Triton's launch hooks
+    (`knobs.runtime.launch_enter_hook`, used by proton) are therefore not called for it.
     """
 
     __slots__ = ("plan", "device", "index", "h_dtype", "n_buf", "P", "ints", "cx", "loss_like",
