@@ -220,9 +220,14 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
 
 # ------------------------------------------------------------------------------- sweep
 def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
-    """Step time against the heads' SM fraction (and ring size), per model and size."""
+    """Step time against the heads' SM fraction (and ring size), per model and size.
+    fp32 matmuls in TF32, like `bench`."""
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    meta = metadata()
+    meta["fp32_matmul"] = "tf32" if cuda else "ieee"
     occs = OCCUPANCIES
     if cuda:
         cases = [("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),
@@ -242,7 +247,7 @@ def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
                          exec="graph" if graphed else "eager", **time_step(model, inputs, "erase", graphed, streams))
                 rows.append(r)
                 log(r)
-        write_csv(os.path.join(out_dir, "sweep.csv"), rows)
+        write_csv(os.path.join(out_dir, "sweep.csv"), rows, meta)
     return rows
 
 
