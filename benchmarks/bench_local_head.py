@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import copy_bandwidth_gbs, metadata, print_table, write_csv  # noqa: E402
+from common import copy_bandwidth_gbs, host_us, metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
 from erase_triton.reference import head_loss  # noqa: E402
@@ -87,18 +86,6 @@ def launches(fn) -> int:
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
-def host_us(fn, n=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
 
 
 CONFIGS = [  # (loss, N, D, C, dtype)

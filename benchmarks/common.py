@@ -1,6 +1,8 @@
 """Shared helpers of the benchmark scripts (metadata, CSV and timing live in erase_triton.study)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from erase_triton.study import median_ms as cuda_median_ms  # noqa: F401  (re-exported)
@@ -15,6 +17,20 @@ def copy_bandwidth_gbs() -> float:
     y = torch.empty_like(x)
     ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
     return 2 * x.numel() / (ms * 1e-3) / 1e9
+
+
+def host_us(fn, n: int = 2000, warmup: int = 50) -> float:
+    """Host time per call (µs) of fn issued back to back; the device is synchronised only
+    around the loop, so with the GPU idle this is what the CPU spends issuing one call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
 
 
 def print_table(rows: list[dict], cols: list[str]):

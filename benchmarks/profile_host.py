@@ -4,25 +4,17 @@ where the microseconds go before the kernel reaches the GPU.
     python benchmarks/profile_host.py
 """
 import cProfile
+import os
 import pstats
-import time
+import sys
 
 import torch
 
-from erase_triton import LocalHead, fused_local_head
-from erase_triton import functional as fn
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import host_us  # noqa: E402
 
-
-def per_call_us(f, n=5000) -> float:
-    for _ in range(200):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    dt = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+from erase_triton import LocalHead, fused_local_head  # noqa: E402
+from erase_triton import functional as fn  # noqa: E402
 
 
 def main():
@@ -33,8 +25,10 @@ def main():
     head = LocalHead(128, 1).cuda().bfloat16()
     head(h, y)  # .grad now exists: later calls accumulate (the steady state of training)
     fused_local_head(h, w, b, y)
-    hl, cfg = next(v for v in fn._FAST.values() if v[0].h_dtype == torch.bfloat16 and v[0].ints[0] == 1024)
     gw, gb = torch.empty_like(w), torch.empty_like(b)
+    cfg = fn._config(None)  # what fused_local_head(occupancy=None) launches with
+    key = fn._signature(h, w, b, y, gw, gb, "bce", "mean", -100, cfg, False)
+    hl = fn._FAST[key][0]
     dev = h.device
     parts = [
         ("fused_local_head (allocates 4 outputs)", lambda: fused_local_head(h, w, b, y)),
@@ -45,7 +39,7 @@ def main():
                                       torch.empty((), dtype=torch.float32, device=dev))),
     ]
     for name, f in parts:
-        print(f"host_us {name}: {per_call_us(f):.1f}", flush=True)
+        print(f"host_us {name}: {host_us(f, n=5000, warmup=200):.1f}", flush=True)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):

@@ -26,7 +26,6 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     order = torch.argsort(s)
     s_sorted = s[order]
     ranks = torch.empty_like(s)
-    pos = torch.arange(1, len(s) + 1, dtype=torch.float64, device=s.device)
     # average rank inside groups of equal scores
     _, inverse, counts = torch.unique_consecutive(s_sorted, return_inverse=True, return_counts=True)
     ends = counts.cumsum(0).double()

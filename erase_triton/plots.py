@@ -20,6 +20,12 @@ def _f(r, k, default=float("nan")):
         return default
 
 
+def _save(fig, path: str):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _gpu(rows) -> str:
     r = rows[0] if rows else {}
     return f"{r.get('gpu', '?')}, torch {r.get('torch', '?')}, triton {r.get('triton', '?')}"
@@ -44,9 +50,7 @@ def plot_timeline(kernels: list[dict], path: str, title: str = ""):
     ax.set_xlabel("time (µs)")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper right", ncol=4, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sweep(rows: list[dict], path: str):
@@ -71,9 +75,7 @@ def plot_sweep(rows: list[dict], path: str):
         ax.set_title(f"{key[0]} w{key[1]} b{key[2]}" + (f" s{key[3]}" if key[3] else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"erase step time vs occupancy ({_gpu(rows)}); circles: best", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_bench(rows: list[dict], path: str):
@@ -100,9 +102,7 @@ def plot_bench(rows: list[dict], path: str):
         ax.set_title(m)
         ax.legend(fontsize=8)
     fig.suptitle(f"Speedup curves ({_gpu(rows)})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_schedule(rows: list[dict], path: str):
@@ -121,9 +121,7 @@ def plot_schedule(rows: list[dict], path: str):
     ax.set_ylabel("speedup")
     ax.legend(fontsize=7)
     ax.set_title(f"Step-time speedups ({_gpu(rows)})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_local_head(rows: list[dict], path: str):
@@ -149,9 +147,7 @@ def plot_local_head(rows: list[dict], path: str):
     ax.set_ylabel("µs per head call (loss + all grads)")
     ax.legend(fontsize=8)
     ax.set_title(f"Fused local head ({_gpu(rows)})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_quality(rows: list[dict], path: str):
@@ -166,9 +162,7 @@ def plot_quality(rows: list[dict], path: str):
         lo = min(means) if means else 0
         ax.set_ylim(lo * 0.95, max(means) * 1.03 if means else 1)
         ax.set_title(f"{model}: {metric} (mean ± std over seeds)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_tune(rows: list[dict], path: str):
@@ -190,9 +184,7 @@ def plot_tune(rows: list[dict], path: str):
         ax.set_ylabel("% of HBM floor")
         ax.set_title(f"BCE C=1 N={N} D={D} bf16 (red: default)", fontsize=9)
     fig.suptitle(f"Dense head tile study ({_gpu(rows)})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_partition(rows: list[dict], path: str):
@@ -208,9 +200,7 @@ def plot_partition(rows: list[dict], path: str):
     ax.invert_yaxis()
     ax.set_xlabel("speed vs. baseline (same case and mode)")
     ax.set_title(f"cuBLAS SM carveout and green contexts ({_gpu(rows)})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:

@@ -168,6 +168,16 @@ def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:
     return {"ms": median_ms(run, 20, 5)}
 
 
+def _tf32_metadata() -> dict:
+    """fp32 matmuls in TF32 (what a user on Hopper runs) for bench and sweep; recorded in the metadata."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    meta = metadata()
+    meta["fp32_matmul"] = "tf32" if cuda else "ieee"
+    return meta
+
+
 # ------------------------------------------------------------------------------- bench
 BENCH_CTR = [(256, 2048), (256, 8192), (512, 4096), (512, 16384), (1024, 4096), (1024, 16384), (2048, 16384),
              (2048, 32768), (4096, 16384)]
@@ -185,8 +195,7 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
     """
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    meta = _tf32_metadata()
     ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
     tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
     rows = []
@@ -195,8 +204,6 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
     cases += [("transformer", dict(width=w, batch=b, seq=s),
                lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
               for w, b, s in tf if "transformer" in models]
-    meta = metadata()
-    meta["fp32_matmul"] = "tf32" if cuda else "ieee"
     for name, desc, build in cases:
         for graphed in ([True] + ([False] if eager else []) if cuda else [False]):
             for mode in ("e2e", "sequential", "erase"):
@@ -224,10 +231,7 @@ def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
     fp32 matmuls in TF32, like `bench`."""
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-    meta = metadata()
-    meta["fp32_matmul"] = "tf32" if cuda else "ieee"
+    meta = _tf32_metadata()
     occs = OCCUPANCIES
     if cuda:
         cases = [("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),

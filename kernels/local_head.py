@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 
-__all__ = ["HeadLaunch", "LOSSES", "local_head_launch", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
+__all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
@@ -446,9 +446,13 @@ _WORKSPACES: dict = {}
 POISON = False
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _workspace(device: torch.device) -> _Workspace:
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _device_index(device)
         key = (index, torch._C._cuda_getCurrentRawStream(index))
     else:
         key = (device.type, None)
@@ -556,10 +560,6 @@ def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
     return plan.p_occ
 
 
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 class HeadLaunch:
     """One head call with everything but the tensors fixed (plan, grid, ints, compiled kernel).
 
@@ -571,7 +571,7 @@ class HeadLaunch:
     (`knobs.runtime.launch_enter_hook`, used by proton) are therefore not called for it.
     """
 
-    __slots__ = ("plan", "device", "index", "h_dtype", "n_buf", "P", "ints", "cx", "loss_like",
+    __slots__ = ("plan", "device", "index", "n_buf", "P", "ints", "cx", "loss_like",
                  "has_bias", "raw", "function", "packed", "coop", "pdl", "__weakref__")
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
@@ -668,7 +668,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
         n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
     hl = HeadLaunch()
-    hl.plan, hl.device, hl.h_dtype = plan, dev, h2.dtype
+    hl.plan, hl.device = plan, dev
     hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
     hl.n_buf, hl.P, hl.has_bias, hl.cx = n_buf, P, has_bias, tuple(cx.values())
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
@@ -679,14 +679,3 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         _direct_launcher(hl, compiled)
     return hl
 
-
-def local_head_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int,
-                      cfg: LaunchConfig, grad_weight: torch.Tensor, grad_bias, accumulate: bool, out_shape=None):
-    """One launch. h2 [N, D] (unit stride on D); y already [N, C] float or [N] int.
-
-    Writes (or, with accumulate, adds onto) grad_weight/grad_bias and returns
-    (loss [] fp32, grad_h contiguous in h2's dtype, shaped `out_shape` or [N, D]).
-    """
-    hl = prepare_launch(h2, weight, bias, y, loss, reduction, ignore_index, cfg, grad_weight, grad_bias, accumulate)
-    loss_out, grad_h = hl(h2, weight, bias, y, grad_weight, grad_bias)
-    return loss_out, (grad_h if out_shape is None else grad_h.view(out_shape))
