@@ -28,16 +28,21 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--lm-seeds", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/quality.csv")
+    ap.add_argument("--embedding", choices=["table", "fused_sgd", "both"], default="both",
+                    help="CTR tables: nn.Embedding + Adam (model 'ctr') and/or fused SGD ('ctr_fused_sgd')")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = metadata()
     rows = []
-    for seed in range(args.seeds):
-        for mode in MODES:
-            r = train_ctr(mode=mode, seed=seed, device=dev, progress=False)
-            rows.append(dict(model="ctr", mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
-                             examples_per_s=r["examples_per_s"], device=dev))
-            print(rows[-1], flush=True)
+    embeddings = ["table", "fused_sgd"] if args.embedding == "both" else [args.embedding]
+    for emb in embeddings:
+        name = "ctr" if emb == "table" else f"ctr_{emb}"
+        for seed in range(args.seeds):
+            for mode in MODES:
+                r = train_ctr(mode=mode, seed=seed, device=dev, progress=False, embedding=emb)
+                rows.append(dict(model=name, mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
+                                 examples_per_s=r["examples_per_s"], device=dev))
+                print(rows[-1], flush=True)
     for seed in range(args.lm_seeds):
         for mode in MODES:
             r = train_transformer(mode=mode, seed=seed, device=dev, progress=False)
@@ -46,7 +51,7 @@ def main():
             print(rows[-1], flush=True)
     write_csv(args.out, rows, meta)
     summary = []
-    for model, metrics in (("ctr", ["ne", "auc"]), ("transformer", ["perplexity"])):
+    for model, metrics in (("ctr", ["ne", "auc"]), ("ctr_fused_sgd", ["ne", "auc"]), ("transformer", ["perplexity"])):
         for mode in MODES:
             rs = [r for r in rows if r["model"] == model and r["mode"] == mode]
             if not rs:
@@ -59,7 +64,7 @@ def main():
             summary.append(s)
     base = {s["model"]: s for s in summary if s["mode"] == "e2e"}
     for s in summary:
-        key = "ne_mean" if s["model"] == "ctr" else "perplexity_mean"
+        key = "ne_mean" if s["model"].startswith("ctr") else "perplexity_mean"
         s["rel_to_e2e_pct"] = 100 * (s[key] / base[s["model"]][key] - 1)
     path = os.path.splitext(args.out)[0] + "_summary.csv"
     write_csv(path, summary, meta)

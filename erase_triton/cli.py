@@ -45,7 +45,8 @@ def cmd_bench(a):
     from .study import bench
 
     models = ("ctr", "transformer") if a.model == "all" else (a.model,)
-    rows = bench(a.out, quick=a.quick, compile_baseline=not a.no_compile, models=models, eager=a.eager)
+    rows = bench(a.out, quick=a.quick, compile_baseline=not a.no_compile, models=models, eager=a.eager,
+                 embedding=a.embedding)
     plot_bench([{k: str(v) for k, v in r.items()} for r in rows], os.path.join(a.out, "bench.png"))
     print(f"wrote {a.out}/bench.csv and bench.png")
 
@@ -113,6 +114,8 @@ def main(argv=None):
             p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
             p.add_argument("--model", choices=["ctr", "transformer", "all"], default="all")
             p.add_argument("--eager", action="store_true", help="also time eager steps")
+            p.add_argument("--embedding", choices=["fused_sgd", "table"], default="fused_sgd",
+                           help="CTR proxy tables: SGD fused into backward (default) or nn.Embedding with dense grads")
         p.set_defaults(fn=fn)
     tr = sub.add_parser("trace", help="profiler traces + stream timelines of erase steps (CUDA)")
     tr.add_argument("--out", default="runs")

@@ -152,8 +152,10 @@ def plot_local_head(rows: list[dict], path: str):
 
 def plot_quality(rows: list[dict], path: str):
     """NE (ctr) or perplexity (transformer) per mode, mean ± std over seeds."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, (model, metric) in zip(axes, [("ctr", "ne"), ("transformer", "perplexity")]):
+    panels = [(m, "ne") for m in ("ctr", "ctr_fused_sgd") if any(r["model"] == m for r in rows)]
+    panels += [("transformer", "perplexity")] if any(r["model"] == "transformer" for r in rows) else []
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (model, metric) in zip(axes[0], panels):
         rs = [r for r in rows if r["model"] == model]
         modes = [m for m in ("e2e", "sequential", "erase") if any(r["mode"] == m for r in rs)]
         means = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_mean") for m in modes]

@@ -83,13 +83,18 @@ def median_ms(fn, iters: int = 30, warmup: int = 5) -> float:
 
 
 # --------------------------------------------------------------------------- workloads
+CTR_EMBEDDING = "fused_sgd"
+
+
 def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_000, emb_dim: int = 64,
-                 occupancy="auto", backend="auto", device="cuda", seed=0):
+                 occupancy="auto", backend="auto", device="cuda", seed=0, embedding=CTR_EMBEDDING):
     """The DLRM-like proxy of DESIGN.md: 26 tables of rows x emb_dim, 13 dense features,
-    six dense subarchitectures of `width` with local BCE heads, and the final head."""
+    six dense subarchitectures of `width` with local BCE heads, and the final head.
+    embedding: "fused_sgd" (default; SGD fused into the embedding backward, as production
+    CTR trainers run their tables) or "table" (26 nn.Embedding with dense gradients)."""
     torch.manual_seed(seed)
     cfg = CTRConfig(n_dense=13, cardinalities=[rows] * tables, emb_dim=emb_dim, width=width, depth=2,
-                    occupancy=occupancy, backend=backend)
+                    occupancy=occupancy, backend=backend, embedding=embedding, embedding_lr=1e-3)
     model = CTRModel(cfg).to(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     dense = torch.randn(batch, 13, generator=g).to(device)
@@ -128,10 +133,11 @@ def e2e_loss_fn(model):
     return fn
 
 
-def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
+              backward_thread: bool = True) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams)
+    sched = Scheduler(mode, streams=streams, backward_thread=backward_thread)
     step = training_step(model, opt)
 
     out = {}
@@ -187,11 +193,12 @@ COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("
 
 
 def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, models=("ctr", "transformer"),
-          eager: bool = False, log=print) -> list[dict]:
+          eager: bool = False, embedding: str = CTR_EMBEDDING, log=print) -> list[dict]:
     """Speedup curves: erase (fused heads) vs sequential vs e2e vs torch.compile(e2e).
 
     Graphed steps (the regime the scheduler is for); `eager` adds eager steps. fp32
     matmuls run in TF32, as a CTR user on Hopper runs them (recorded in the CSV metadata).
+    embedding: the CTR proxy's tables ("fused_sgd" or "table", see `ctr_workload`).
     """
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
@@ -199,7 +206,8 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
     ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
     tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
     rows = []
-    cases = [("ctr", dict(width=w, batch=b), lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000))
+    cases = [("ctr", dict(width=w, batch=b, embedding=embedding),
+              lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding))
              for w, b in ctr if "ctr" in models]
     cases += [("transformer", dict(width=w, batch=b, seq=s),
                lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))

@@ -49,8 +49,13 @@ def _make_opt(model, lr: float, dev, graph: bool):
     return torch.optim.Adam(model.parameters(), lr=lr_t, capturable=graph)
 
 
+def _lr_factor(i: int, steps: int) -> float:
+    """Cosine decay to 10% of the base learning rate."""
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i / max(steps, 1), 1.0)))
+
+
 def _set_lr(opt, base: float, i: int, steps: int):
-    v = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i / max(steps, 1), 1.0))))
+    v = base * _lr_factor(i, steps)
     for g in opt.param_groups:
         if isinstance(g["lr"], torch.Tensor):
             g["lr"].fill_(v)
@@ -87,14 +92,17 @@ def _runner(model, opt, mode: str, graph: bool, static_inputs):
     return run
 
 
-def _loop(run, it, batch, opt, lr, steps, eval_every, progress, dev, evaluate, describe):
-    """Shared training loop: cosine LR, timed steps (evaluation excluded), periodic validation."""
+def _loop(run, it, batch, opt, lr, steps, eval_every, progress, dev, evaluate, describe, on_lr=None):
+    """Shared training loop: cosine LR, timed steps (evaluation excluded), periodic validation.
+    on_lr(factor): also called each step with the schedule's factor (fused embedding SGD)."""
     eval_every = eval_every or max(steps // 5, 1)
     bar = Progress(steps, progress)
     train_time, history = 0.0, []
     for i in range(1, steps + 1):
         t = time.perf_counter()
         _set_lr(opt, lr, i - 1, steps)
+        if on_lr is not None:
+            on_lr(_lr_factor(i - 1, steps))
         run(batch)
         batch = next(it)
         if dev.type == "cuda" and (i % eval_every == 0 or i == steps):
@@ -122,7 +130,9 @@ def evaluate_ctr(model, data, batch: int = 8192) -> dict:
 
 def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, data="movielens",
               width=64, emb_dim=16, depth=1, lr=1e-3, eval_every=None, synthetic_rows=200_000,
-              backend="auto", progress=True) -> dict:
+              backend="auto", progress=True, embedding="table", embedding_lr=10.0) -> dict:
+    """Adam on every parameter; with embedding="fused_sgd" the tables are updated by SGD
+    (embedding_lr, same cosine schedule) inside the backward instead."""
     from .data import batches, load_movielens, synthetic_criteo
     from .models.ctr import CTRConfig, CTRModel
 
@@ -141,17 +151,18 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
         raise ValueError(f"data must be 'movielens' or 'synthetic', got {data!r}")
     tr, va, te = tr.to(dev), va.to(dev), te.to(dev)
     cfg = CTRConfig(n_dense=tr.dense.shape[1], cardinalities=tr.cardinalities, emb_dim=emb_dim, width=width,
-                    depth=depth, backend=backend)
+                    depth=depth, backend=backend, embedding=embedding, embedding_lr=embedding_lr)
     model = CTRModel(cfg).to(dev)
+    on_lr = (lambda f: model.embeddings.set_lr(embedding_lr * f)) if embedding == "fused_sgd" else None
     opt = _make_opt(model, lr, dev, graph)
     it = batches(tr, batch_size, torch.Generator().manual_seed(seed))
     first = next(it)
     run = _runner(model, opt, mode, graph, [t.clone() for t in first])
     train_time, history = _loop(run, it, first, opt, lr, steps, eval_every, progress, dev,
                                 lambda: {f"val_{k}": x for k, x in evaluate_ctr(model, va).items()},
-                                lambda v: f"val NE {v['val_ne']:.4f} AUC {v['val_auc']:.4f}")
+                                lambda v: f"val NE {v['val_ne']:.4f} AUC {v['val_auc']:.4f}", on_lr)
     test = evaluate_ctr(model, te)
-    return {"model": "ctr", "data": data, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
+    return {"model": "ctr", "data": data, "embedding": embedding, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
             "steps": steps, "batch_size": batch_size, **test,
             "examples_per_s": steps * batch_size / max(train_time, 1e-9),
             "peak_memory_mb": _peak_memory_mb(dev), "history": history}

@@ -154,6 +154,81 @@ def test_erase_bitwise_equals_sequential_at_equal_occupancy():
         assert torch.equal(era[k], seq[k]), k
 
 
+def test_backward_thread_bitwise_equals_inline():
+    # eager erase issues each detach point from the worker thread; the math and the streams
+    # are the same as issuing inline, so several SGD steps give bitwise equal parameters
+    torch.manual_seed(0)
+    base = mlp_chain()
+    for hd in base.heads:
+        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25)
+    xs = [torch.randn(2048, 512, device=dev) for _ in range(4)]
+    ys = [torch.rand(2048, device=dev).round() for _ in range(4)]
+    params = {}
+    for threaded in (True, False):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sched = Scheduler("erase", backward_thread=threaded)
+        for x, y in zip(xs, ys):
+            opt.zero_grad(set_to_none=True)
+            with sched.step():
+                model(x, y)
+            opt.step()
+        assert (sched._pool is not None) == threaded
+        params[threaded] = [p.detach().clone() for p in model.parameters()]
+    for a, b in zip(params[True], params[False]):
+        assert torch.equal(a, b)
+
+
+def test_backward_thread_error_reaches_the_caller():
+    model = mlp_chain(256)
+    sched = Scheduler("erase")
+    x, y = torch.randn(64, 256, device=dev), torch.rand(64, device=dev).round()
+    with pytest.raises(ValueError, match="target"):
+        with sched.step():
+            model(x, y[:10])  # a non-final head's check fails on the worker thread
+    with sched.step():  # and the scheduler is usable again
+        model(x, y)
+    torch.cuda.synchronize()
+
+
+def test_fused_sgd_ctr_capture_equals_eager():
+    from erase_triton.models import CTRConfig, CTRModel
+
+    def build():
+        torch.manual_seed(0)
+        return CTRModel(CTRConfig(n_dense=13, cardinalities=[1000] * 4, emb_dim=16, width=128, depth=1,
+                                  embedding="fused_sgd", embedding_lr=0.5)).to(dev)
+    m_e, m_g = build(), build()
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batches = [(torch.randn(512, 13, generator=g).to(dev), torch.randint(0, 1000, (512, 4), generator=g).to(dev),
+                torch.rand(512, generator=g).round().to(dev)) for _ in range(5)]
+
+    def make_step(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        def step(*b):
+            opt.zero_grad(set_to_none=True)
+            model(*b)
+            opt.step()
+        return step
+    step_e = make_step(m_e)
+    for _ in range(3):  # mirror capture()'s warm-up steps
+        with Scheduler("erase").step():
+            step_e(*batches[0])
+    static = [t.clone() for t in batches[0]]
+    replay = Scheduler("erase").capture(make_step(m_g), *static, warmup=3)
+    for b in batches:
+        for s, t in zip(static, b):
+            s.copy_(t)
+        replay()
+        with Scheduler("erase").step():
+            step_e(*b)
+    torch.cuda.synchronize()
+    for (k, pe), pg in zip(m_e.named_parameters(), m_g.parameters()):
+        # index_add_ sums duplicate rows with atomics: equal to fp32 rounding
+        torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_step_has_no_host_sync():
     model = mlp_chain()
     x, y = torch.randn(1024, 512, device=dev), torch.rand(1024, device=dev).round()
