@@ -10,7 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "head": "#C44E52", "optimizer": "#8C8C8C"}
+PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "head": "#C44E52", "optimizer": "#8C8C8C",
+                "fwd/bwd (graph)": "#55A868"}
 
 
 def _f(r, k, default=float("nan")):

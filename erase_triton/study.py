@@ -264,9 +264,10 @@ def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------- trace
-def _kernel_intervals(prof) -> list[dict]:
+def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     """(stream, start, end, name, phase) of every kernel; the phase comes from the
-    erase::* range (on the host) that was open when the kernel was launched."""
+    erase::* range (on the host) that was open when the kernel was launched. A graph
+    replay launches every kernel at once, so there only head kernels are told apart."""
     evs = list(prof.profiler.kineto_results.events())
     ranges, launches, kernels = [], {}, []
     for e in evs:
@@ -280,10 +281,10 @@ def _kernel_intervals(prof) -> list[dict]:
     out = []
     for k in kernels:
         t = launches.get(k.correlation_id())
-        phase = "forward"
+        phase = "fwd/bwd (graph)" if graphed else "forward"
         if "head_kernel" in k.name() or "vocab_ce_kernel" in k.name():
             phase = "head"
-        elif t is not None:
+        elif t is not None and not graphed:
             inner = [r for r in ranges if r[0] <= t <= r[1]]
             if inner:
                 phase = min(inner, key=lambda r: r[1] - r[0])[2]
@@ -296,9 +297,10 @@ def _kernel_intervals(prof) -> list[dict]:
     return out
 
 
-def trace(out_dir: str, steps: int = 3, log=print) -> list[dict]:
-    """Chrome traces + timeline PNGs of erase steps: the small transformer (overlap) and a
-    saturating MLP (nothing to overlap). Returns per-config overlap summaries."""
+def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager")) -> list[dict]:
+    """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
+    eagerly: the small transformer (overlap) and a saturating MLP (nothing to overlap).
+    Returns per-config overlap summaries."""
     from .models.mlp import MLPChain
     from .plots import plot_timeline
 
@@ -311,19 +313,25 @@ def trace(out_dir: str, steps: int = 3, log=print) -> list[dict]:
                                                          (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
                                                           torch.rand(32768, device="cuda").round().bfloat16())))]
     summary = []
-    for name, build in configs:
+    for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
+        name = f"{cfg}_{ex}"
         model, inputs = build()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         sched = Scheduler("erase")
 
-        def run():
-            with sched.step():
-                opt.zero_grad(set_to_none=True)
-                model(*inputs)
-                with torch.profiler.record_function("erase::optimizer"):
-                    opt.step()
-        for _ in range(3):
-            run()
+        def step_fn(*xs):
+            opt.zero_grad(set_to_none=True)
+            model(*xs)
+            with torch.profiler.record_function("erase::optimizer"):
+                opt.step()
+        if ex == "graph":
+            run = sched.capture(step_fn, *inputs, warmup=3)
+        else:
+            def run():
+                with sched.step():
+                    step_fn(*inputs)
+            for _ in range(3):
+                run()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -331,17 +339,19 @@ def trace(out_dir: str, steps: int = 3, log=print) -> list[dict]:
                 run()
             torch.cuda.synchronize()
         prof.export_chrome_trace(os.path.join(out_dir, f"trace_{name}.json"))
-        ks = _kernel_intervals(prof)
+        ks = _kernel_intervals(prof, graphed=ex == "graph")
         busy = _union([(k["start"], k["end"]) for k in ks])
         total = sum(k["end"] - k["start"] for k in ks)
-        s = dict(config=name, kernels=len(ks), streams=len({k["stream"] for k in ks}), span_us=max(k["end"] for k in ks),
+        s = dict(config=cfg, exec=ex, kernels=len(ks), streams=len({k["stream"] for k in ks}), span_us=max(k["end"] for k in ks),
                  busy_us=busy, kernel_sum_us=total, concurrency=total / max(busy, 1e-9))
         summary.append(s)
         log(s)
-        plot_timeline(ks, os.path.join(out_dir, f"timeline_{name}.png"), title=f"{name}: {steps} erase steps "
+        plot_timeline(ks, os.path.join(out_dir, f"timeline_{name}.png"), title=f"{cfg}: {steps} {ex} erase steps "
                       f"(kernel time / busy time = {s['concurrency']:.2f})")
         with open(os.path.join(out_dir, f"kernels_{name}.json"), "w") as f:
             json.dump(ks, f)
+        del run, model, inputs, opt, sched, prof
+        torch.cuda.empty_cache()
     write_csv(os.path.join(out_dir, "trace_summary.csv"), summary)
     return summary
 

@@ -36,6 +36,11 @@ class _LookupSGD(torch.autograd.Function):
         return None, None, None
 
 
+@torch.compiler.disable  # an in-place update of a leaf in backward: torch.compile runs it eagerly
+def _lookup_sgd(weight, idx, lr):
+    return _LookupSGD.apply(weight, idx, lr)
+
+
 class FusedSGDEmbeddings(nn.Module):
     """T tables of dim columns in one weight; ``forward(ids [B, T]) -> [B, T, dim]``.
 
@@ -63,7 +68,7 @@ class FusedSGDEmbeddings(nn.Module):
         idx = ids + self.offsets
         if not (torch.is_grad_enabled() and self.training and self.weight.requires_grad):
             return self.weight[idx]
-        return _LookupSGD.apply(self.weight, idx, self.lr)
+        return _lookup_sgd(self.weight, idx, self.lr)
 
     def extra_repr(self) -> str:
         return f"tables={len(self.cardinalities)}, rows={self.weight.shape[0]}, dim={self.dim}, fused SGD"
