@@ -37,8 +37,8 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
 
 
-def measure(model, inputs, mode, graphed, streams=None, backward_thread=True):
-    r = time_step(model, inputs, mode, graphed, streams=streams, backward_thread=backward_thread)
+def measure(model, inputs, mode, graphed, streams=None):
+    r = time_step(model, inputs, mode, graphed, streams=streams)
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
@@ -54,12 +54,6 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None):
                     rows.append(row)
                     print(row, flush=True)
                     del model, inputs
-            # eager erase with every detach point issued inline by the caller's thread
-            model, inputs = build(heads)
-            ms, peak = measure(model, inputs, "erase", False, backward_thread=False)
-            row = dict(desc, heads=heads, exec="eager", mode="erase", streams="inline", ms=ms, peak_mb=peak)
-            rows.append(row)
-            print(row, flush=True)
             for k in ring_sizes:
                 model, inputs = build(heads)
                 ms, peak = measure(model, inputs, "erase", True, streams=k)
@@ -75,10 +69,8 @@ def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
     key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"])  # noqa: E731
-    groups, inline = {}, {}
+    groups = {}
     for r in rows:
-        if r["streams"] == "inline" and r["heads"] == "fused":
-            inline[key(r)] = r["ms"]
         if r["streams"] == "auto":
             groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
     for k, g in groups.items():
@@ -89,8 +81,6 @@ def summarize(rows):
             s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
-        if k in inline:  # what the backward thread buys in eager steps
-            s["eager_erase_inline_vs_seq"] = g.get(("fused", "eager", "sequential"), float("nan")) / inline[k]
         out.append(s)
     return out
 
@@ -124,8 +114,7 @@ def main():
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq",
-                       "eager_erase_inline_vs_seq"])
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq"])
 
 
 if __name__ == "__main__":

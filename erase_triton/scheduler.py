@@ -23,7 +23,6 @@ pure Python and unit-tested on CPU; `step()` carries it out and logs it in
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import threading
@@ -85,25 +84,16 @@ class Scheduler:
 
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current).
-    backward_thread: in eager erase steps, issue each detach point's head and backward
-    from a worker thread, so the host issues backward i while the caller's thread issues
-    forward i+1 (an eager step is host-bound: one thread cannot keep two streams fed).
-    Never used while a CUDA graph is being captured (capture stays in one thread).
     """
 
-    def __init__(self, mode: str = "erase", streams: int | None = None, device=None, backward_thread: bool = True):
+    def __init__(self, mode: str = "erase", streams: int | None = None, device=None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams must be a positive int or None, got {streams!r}")
-        if not isinstance(backward_thread, bool):
-            raise ValueError(f"backward_thread must be a bool, got {backward_thread!r}")
         self.mode = mode
         self.n_streams = streams
         self.device = device
-        self.backward_thread = backward_thread
-        self._pool = None        # the backward worker (one thread, FIFO), created on first use
-        self._pending = []       # futures of this step's queued detach points
         self._streams: list = []
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
         self._leaf_cache: dict = {}
@@ -149,10 +139,8 @@ class Scheduler:
         _local.active = self
         self._in_step = True
         caller = self._caller = None
-        self._threaded = False
         try:
             if self._use_streams():
-                self._threaded = self.backward_thread and not torch.cuda.is_current_stream_capturing()
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 s0 = self._ring_stream(0)
                 s0.wait_event(self._record("start", 0, caller))
@@ -162,11 +150,8 @@ class Scheduler:
             yield self
         finally:
             try:
-                try:
-                    self._drain()
-                finally:
-                    if caller is not None:
-                        self._join()
+                if caller is not None:
+                    self._join()
                 self._keep = []
                 self._bwd_events = {}
             finally:
@@ -196,36 +181,17 @@ class Scheduler:
             return _labelled(head, h, target, seg)
         cur = self._ring_stream(plan.stream_of(seg))
         fwd_done = self._record("fwd", seg, cur)
-
-        def early_backward():
-            # Head kernel + block backward, queued on `cur`, beside the next segment's forward.
-            # The waits on earlier backward events are issued here, after those events were
-            # recorded: the worker runs detach points in order.
-            for j in after:
-                cur.wait_event(self._bwd_events[j])
-            out = _labelled(head, h, target, seg, beside=not head.final)
-            self._bwd_events[seg] = self._record("bwd", seg, cur)
-            return out
-
+        for j in after:
+            cur.wait_event(self._bwd_events[j])
+        # head kernel + block backward, queued on `cur`, beside the next segment's forward
+        out = _labelled(head, h, target, seg, beside=not head.final)
+        self._bwd_events[seg] = self._record("bwd", seg, cur)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.
-            self._drain()
-            out = early_backward()
             self._join()
             self._keep.append(out)
             return out
-        if self._threaded:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="erase-backward")
-
-            def job():
-                with torch.cuda.stream(cur):  # current streams are per thread
-                    early_backward()
-            self._pending.append(self._pool.submit(job))
-            out = h.detach()
-        else:
-            out = early_backward()
         s_next = self._ring_stream(plan.stream_of(nxt))
         if s_next is not cur:
             s_next.wait_event(fwd_done)
@@ -233,12 +199,6 @@ class Scheduler:
             self._keep.append(out)
         torch.cuda.set_stream(s_next)
         return out
-
-    def _drain(self):
-        """Wait (on the host) until the worker has issued every queued detach point; re-raise its error."""
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
 
     def _join(self):
         """The caller's stream waits for every ring stream this step forked, and becomes current."""

@@ -133,11 +133,10 @@ def e2e_loss_fn(model):
     return fn
 
 
-def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              backward_thread: bool = True) -> dict:
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams, backward_thread=backward_thread)
+    sched = Scheduler(mode, streams=streams)
     step = training_step(model, opt)
 
     out = {}

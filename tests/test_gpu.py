@@ -154,43 +154,6 @@ def test_erase_bitwise_equals_sequential_at_equal_occupancy():
         assert torch.equal(era[k], seq[k]), k
 
 
-def test_backward_thread_bitwise_equals_inline():
-    # eager erase issues each detach point from the worker thread; the math and the streams
-    # are the same as issuing inline, so several SGD steps give bitwise equal parameters
-    torch.manual_seed(0)
-    base = mlp_chain()
-    for hd in base.heads:
-        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25)
-    xs = [torch.randn(2048, 512, device=dev) for _ in range(4)]
-    ys = [torch.rand(2048, device=dev).round() for _ in range(4)]
-    params = {}
-    for threaded in (True, False):
-        model = copy.deepcopy(base)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        sched = Scheduler("erase", backward_thread=threaded)
-        for x, y in zip(xs, ys):
-            opt.zero_grad(set_to_none=True)
-            with sched.step():
-                model(x, y)
-            opt.step()
-        assert (sched._pool is not None) == threaded
-        params[threaded] = [p.detach().clone() for p in model.parameters()]
-    for a, b in zip(params[True], params[False]):
-        assert torch.equal(a, b)
-
-
-def test_backward_thread_error_reaches_the_caller():
-    model = mlp_chain(256)
-    sched = Scheduler("erase")
-    x, y = torch.randn(64, 256, device=dev), torch.rand(64, device=dev).round()
-    with pytest.raises(ValueError, match="target"):
-        with sched.step():
-            model(x, y[:10])  # a non-final head's check fails on the worker thread
-    with sched.step():  # and the scheduler is usable again
-        model(x, y)
-    torch.cuda.synchronize()
-
-
 def test_fused_sgd_ctr_capture_equals_eager():
     from erase_triton.models import CTRConfig, CTRModel
 
