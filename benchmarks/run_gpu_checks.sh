@@ -5,7 +5,7 @@
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
-# Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, SWEEP_ARGS.
+# Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, SWEEP_ARGS, TRACE_ARGS.
 set -u
 RES=${1:-benchmarks/results}; shift || true
 PARTS=${*:-tests host step tune head schedule sweep trace bench partition}
@@ -27,7 +27,7 @@ for p in $PARTS; do
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ${SCHED_ARGS:-} | grep -v "^{" ;;
     sweep)    timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" ${SWEEP_ARGS:-} | grep -v "^{" ;;
-    trace)    timeout ${T_TRACE:-120} python3 -P -m erase_triton.cli trace --out "$RES/trace" ;;
+    trace)    timeout ${T_TRACE:-120} python3 -P -m erase_triton.cli trace --out "$RES/trace" ${TRACE_ARGS:-} ;;
     bench)    timeout ${T_BENCH:-400} python3 -P -m erase_triton.cli bench --out "$RES" ${BENCH_ARGS:-} | grep -v "^{" ;;
     partition) timeout ${T_PART:-240} python3 benchmarks/bench_partition.py --out "$RES/partition.csv" | grep -v "^{" ;;
   esac

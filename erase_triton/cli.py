@@ -70,7 +70,7 @@ def cmd_sweep(a):
 def cmd_trace(a):
     from .study import trace
 
-    for s in trace(a.out, steps=a.steps):
+    for s in trace(a.out, steps=a.steps, only=a.only):
         print(json.dumps(s))
     print(f"wrote traces and timelines under {a.out}")
 
@@ -120,6 +120,7 @@ def main(argv=None):
     tr = sub.add_parser("trace", help="profiler traces + stream timelines of erase steps (CUDA)")
     tr.add_argument("--out", default="runs")
     tr.add_argument("--steps", type=int, default=3)
+    tr.add_argument("--only", default=None, help="only the configs whose name contains this")
     tr.set_defaults(fn=cmd_trace)
     pl = sub.add_parser("plot", help="plot result CSVs (e.g. benchmarks/results/*.csv)")
     pl.add_argument("results", nargs="+")

@@ -95,7 +95,8 @@ def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_00
     torch.manual_seed(seed)
     cfg = CTRConfig(n_dense=13, cardinalities=[rows] * tables, emb_dim=emb_dim, width=width, depth=2,
                     occupancy=occupancy, backend=backend, embedding=embedding, embedding_lr=1e-3)
-    model = CTRModel(cfg).to(device)
+    with torch.device(device):  # initialise the 166M embedding entries where they live
+        model = CTRModel(cfg)
     g = torch.Generator(device="cpu").manual_seed(seed)
     dense = torch.randn(batch, 13, generator=g).to(device)
     sparse = torch.randint(0, rows, (batch, tables), generator=g).to(device)
@@ -241,8 +242,8 @@ def sweep(out_dir: str, quick: bool = False, log=print) -> list[dict]:
     meta = _tf32_metadata()
     occs = OCCUPANCIES
     if cuda:
-        cases = [("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),
-                 ("ctr", dict(width=2048, batch=32768), lambda o: ctr_workload(2048, 32768, occupancy=o)),
+        cases = [("ctr", dict(width=256, batch=8192), lambda o: ctr_workload(256, 8192, occupancy=o)),
+                 ("ctr", dict(width=1024, batch=16384), lambda o: ctr_workload(1024, 16384, occupancy=o)),
                  ("transformer", dict(width=256, batch=32, seq=128), lambda o: transformer_workload(256, 32, 128, occupancy=o)),
                  ("transformer", dict(width=1024, batch=32, seq=256), lambda o: transformer_workload(1024, 32, 256, occupancy=o))]
         if quick:  # one small size per model, every occupancy
@@ -296,10 +297,10 @@ def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     return out
 
 
-def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager")) -> list[dict]:
+def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), only: str | None = None) -> list[dict]:
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
     eagerly: the small transformer (overlap) and a saturating MLP (nothing to overlap).
-    Returns per-config overlap summaries."""
+    only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .models.mlp import MLPChain
     from .plots import plot_timeline
 
@@ -311,6 +312,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager")) -> 
                ("mlp_w4096_b32768_saturating", lambda: (MLPChain(4096, device="cuda", dtype=torch.bfloat16),
                                                          (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
                                                           torch.rand(32768, device="cuda").round().bfloat16())))]
+    configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
         name = f"{cfg}_{ex}"
