@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/tune_dense_head.csv")
     ap.add_argument("--shapes", default="65536x1024,8192x1024", help="NxD,... (all rows of one D share the grid)")
     ap.add_argument("--small", action="store_true", help="a short grid (for launch-bound shapes)")
+    ap.add_argument("--groups", action="store_true",
+                    help="vary group_tiles (grad_W partial groups) for the best tiles of the full grid")
     args = ap.parse_args()
     meta = metadata()
     bw = copy_bandwidth_gbs()
@@ -61,7 +63,10 @@ def main():
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
     rows = []
     for N, D in shapes:
-        if args.small:
+        if args.groups:
+            grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st, group_tiles=gt)
+                             for bn, nw, st in [(8, 2, 2), (4, 4, 3), (8, 4, 1)] for gt in (None, 8, 4, 2, 1)]
+        elif args.small:
             grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st) for bn, nw, st in
                              [(max(16, min(128, 16384 // D)), 4, 1), (max(1, min(128, 8192 // D)), 2, 2),
                               (max(1, min(128, 8192 // D)), 2, 1), (max(1, min(128, 4096 // D)), 4, 1),
@@ -78,7 +83,8 @@ def main():
         floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
         base = fused_local_head(h, w, b, y)
         for cfg in grid:
-            name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}"
+            name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}" + \
+                (f",gt={cfg.group_tiles}" if cfg.group_tiles else "")
             row = dict(N=N, D=D, variant=name, floor_us=floor_us)
             try:
                 out = fused_local_head(h, w, b, y, config=cfg)

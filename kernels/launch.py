@@ -27,6 +27,10 @@ class LaunchConfig:
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
+    group_tiles:    row tiles per grad_W partial group (dense kernel). None: the tiles
+                    spread evenly over the grid, one group a program. Smaller groups
+                    balance the programs' finishing times; each group adds a partial row
+                    to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
     """
@@ -38,6 +42,7 @@ class LaunchConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     fp32_precision: str | None = None
+    group_tiles: int | None = None
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
@@ -48,6 +53,8 @@ class LaunchConfig:
             v = getattr(self, name)
             if v is not None and (v < least or v & (v - 1)):
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v!r}")
+        if self.group_tiles is not None and (not isinstance(self.group_tiles, int) or self.group_tiles < 1):
+            raise ValueError(f"group_tiles must be a positive int or None, got {self.group_tiles!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

@@ -651,8 +651,10 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
     if plan.dense:
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
-        G = min(p_occ, n_tiles)
-        tpg = _cdiv(n_tiles, G)
+        if cfg.group_tiles:
+            tpg = cfg.group_tiles
+        else:
+            tpg = _cdiv(n_tiles, min(p_occ, n_tiles))
         G = _cdiv(n_tiles, tpg)
         n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
         P = min(p_occ, max(G, n_r))  # no program without work

@@ -105,6 +105,13 @@ def test_narrow_row_tiles_c1(loss, block_n, num_warps, stages, device):
     check(loss, 37, 130, 1, torch.float32, True, None, device, config=cfg)
 
 
+@pytest.mark.parametrize("group_tiles", [1, 3])
+def test_small_partial_groups(group_tiles, device):
+    # more grad_W partial groups than programs: every program claims several groups
+    cfg = LaunchConfig(block_n=4, group_tiles=group_tiles)
+    check("bce", 63, 50, 1, torch.float32, True, 0.25, device, config=cfg)
+
+
 def test_narrow_row_tiles_need_c1(device):
     h, w, b, y = make("bce", 8, 4, 3, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 when C > 1"):
@@ -233,6 +240,8 @@ def test_bad_occupancy():
         LaunchConfig(occupancy=0.0)
     with pytest.raises(ValueError, match="block_n must be a power of two"):
         LaunchConfig(block_n=24)
+    with pytest.raises(ValueError, match="group_tiles must be a positive int"):
+        LaunchConfig(group_tiles=0)
 
 
 def test_wrong_type():
