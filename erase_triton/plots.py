@@ -90,7 +90,8 @@ def plot_bench(rows: list[dict], path: str):
     for ax, m in zip(axes[0], models):
         keys = [k for k in by if k[0] == m]
         labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
-        variants = [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("eager", "erase")]
+        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("eager", "erase")]
+                    if any(v in by[k] for k in keys)]
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):
             base = [by[k].get(("graph", "e2e"), float("nan")) for k in keys]
@@ -206,6 +207,31 @@ def plot_partition(rows: list[dict], path: str):
     _save(fig, path)
 
 
+def plot_ce_path(rows: list[dict], path: str):
+    """bench_ce_path.py: CE head time per kernel path and occupancy (best tiles), against eager PyTorch."""
+    best = {}
+    for r in rows:
+        if r.get("us") in ("", None):
+            continue
+        occ = r["occupancy"] if r["occupancy"] == "-" else f"{float(r['occupancy']):g}"
+        k = ((r["N"], r["D"], r["C"]), r["path"] + ("" if occ == "-" else f" @ {occ}"))
+        if k not in best or _f(r, "us") < best[k]:
+            best[k] = _f(r, "us")
+    shapes = list(dict.fromkeys(k[0] for k in best))
+    variants = list(dict.fromkeys(k[1] for k in best))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(shapes)), 4))
+    w = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        ax.bar([j + i * w for j in range(len(shapes))], [best.get((sh, v), float("nan")) for sh in shapes], w, label=v)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(shapes))])
+    ax.set_xticklabels([f"N={n} D={d}\nC={c}" for n, d, c in shapes], fontsize=8)
+    ax.set_ylabel("µs per call (graph replay)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Softmax-CE head with a few hundred classes: dense vs vocabulary kernel ({_gpu(rows)})", fontsize=9)
+    _save(fig, path)
+
+
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     """Draw the plot that fits a result CSV's columns; returns the PNG path."""
     from .study import read_csv
@@ -218,7 +244,9 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     folder = out_dir or os.path.dirname(csv_path) or "."
     os.makedirs(folder, exist_ok=True)
     out = os.path.join(folder, stem + ".png")
-    if {"occupancy", "streams", "ms"} <= cols:
+    if {"path", "tiles", "us"} <= cols:
+        plot_ce_path(rows, out)
+    elif {"occupancy", "streams", "ms"} <= cols:
         plot_sweep(rows, out)
     elif "graph_erase_vs_seq" in cols:
         plot_schedule(rows, out)

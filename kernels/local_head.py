@@ -34,6 +34,9 @@ __all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
+# "ce" with C up to this takes the dense kernel (logits of a row tile in registers);
+# above it, the vocabulary kernel. The threshold is measured (benchmarks/bench_ce_path.py).
+DENSE_CE_MAX_C = 64
 MAX_VOCAB = 131072
 
 # Counter slots in the int32 workspace (the kernels index ctr_ptr + slot):
@@ -536,7 +539,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     p = _PLANS.get(key)
     if p is not None:
         return p
-    dense = loss != "ce" or C <= MAX_DENSE_C
+    dense = loss != "ce" or C <= DENSE_CE_MAX_C
     blk = _dense_blocks(D, C, cfg, cuda) if dense else _vocab_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR, **blk)
