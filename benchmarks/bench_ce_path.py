@@ -3,7 +3,7 @@
 kernel (online log-sum-exp, grad_W from recomputed logits), and eager PyTorch, at the
 transformer's head shapes, on the whole device and at occupancy 1/8 (beside the next forward).
 
-    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv]
+    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--vocab-only]
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
 variant is checked against the float64 reference first.
@@ -40,6 +40,7 @@ def use_path(dense_max_c: int):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
+    ap.add_argument("--vocab-only", action="store_true", help="skip the dense-kernel variants")
     args = ap.parse_args()
     meta = metadata()
     rows = []
@@ -58,7 +59,7 @@ def main():
             loss.backward()
         rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
         print(rows[-1], flush=True)
-        for path, max_c in (("vocab", 64), ("dense", 1 << 20)):
+        for path, max_c in (("vocab", 64),) + (() if args.vocab_only else (("dense", 1 << 20),)):
             use_path(max_c)
             for occ in (None, 0.125):
                 for t in (DENSE_TILES if path == "dense" else [None]):

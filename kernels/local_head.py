@@ -512,7 +512,10 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
         bn, bv, bdc, bk = cfg.block_n or 64, cfg.block_v or 128, cfg.block_d or min(dp, 256), min(dp, 64)
     else:  # interpreter: fewer, bigger tiles
         bn, bv, bdc, bk = cfg.block_n or 128, cfg.block_v or 512, cfg.block_d or min(dp, 256), min(dp, 256)
-    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=64, BLOCK_R=64,
+    # phase R (few vocabulary tiles: rows split into G groups, G ~ programs / vocabulary tiles, so
+    # small at low occupancy): 8 group rows x 512 columns a load. With 64 x 64 a C=256 D=256 head
+    # at occupancy 1/8 (16 programs, G = 8) took 1028 latency-bound items, 64 rounds a program.
+    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=8, BLOCK_R=512,
                 num_warps=cfg.num_warps or 8)
 
 
