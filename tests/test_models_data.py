@@ -148,6 +148,23 @@ def test_fused_sgd_embeddings_equal_tables_then_sgd(mode):
     assert fused.predict(dense, sparse).shape == (48,)
 
 
+def test_fused_sgd_embeddings_reject_bad_input():
+    from erase_triton.models.embedding import FusedSGDEmbeddings
+
+    with pytest.raises(ValueError, match="cardinalities must be a non-empty list"):
+        FusedSGDEmbeddings([], 4)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        FusedSGDEmbeddings([5], 4, lr=-1.0)
+    emb = FusedSGDEmbeddings([5, 3], 4)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        emb.set_lr(float("nan"))
+    with pytest.raises(ValueError, match=r"ids must be \[B, 2\] field ids"):
+        emb(torch.zeros(6, dtype=torch.long))
+    emb.eval()
+    out = emb(torch.tensor([[4, 2]]))  # eval: a plain lookup, no update in backward
+    torch.testing.assert_close(out[0], emb.weight[[4, 7]].detach())
+
+
 def test_ctr_rejects_bad_embedding_kind():
     with pytest.raises(ValueError, match="embedding must be 'table' or 'fused_sgd'"):
         CTRModel(CTRConfig(n_dense=5, cardinalities=[3], embedding="sparse"))

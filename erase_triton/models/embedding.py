@@ -53,6 +53,10 @@ class FusedSGDEmbeddings(nn.Module):
         super().__init__()
         if not cardinalities or min(cardinalities) < 1:
             raise ValueError(f"cardinalities must be a non-empty list of positive ints, got {cardinalities!r}")
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not lr >= 0:
+            raise ValueError(f"lr must be >= 0, got {lr!r}")
         self.cardinalities, self.dim = list(cardinalities), dim
         self.weight = nn.Parameter(torch.empty(sum(cardinalities), dim).normal_(0, std))
         offsets = torch.tensor([0] + list(cardinalities[:-1])).cumsum(0)
@@ -60,6 +64,8 @@ class FusedSGDEmbeddings(nn.Module):
         self.register_buffer("lr", torch.tensor(float(lr)), persistent=False)
 
     def set_lr(self, lr: float):
+        if not lr >= 0:
+            raise ValueError(f"lr must be >= 0, got {lr!r}")
         self.lr.fill_(lr)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
