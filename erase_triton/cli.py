@@ -26,7 +26,7 @@ def cmd_train(a):
     kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed,
               backend=a.backend)
     if a.model == "ctr":
-        r = train_ctr(data=a.data, **kw)
+        r = train_ctr(data=a.data, embedding=a.embedding, **kw)
         print(f"ctr/{r['data']} mode={r['mode']} steps={r['steps']} batch={r['batch_size']} device={r['device']}"
               f"{' graph' if r['graph'] else ''}\n  test NE {r['ne']:.4f}   AUC {r['auc']:.4f}   log loss "
               f"{r['logloss']:.4f}\n  {r['examples_per_s']:,.0f} examples/s   peak memory {r['peak_memory_mb']:.0f} MB")
@@ -100,6 +100,8 @@ def main(argv=None):
     t.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if visible")
     t.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph")
     t.add_argument("--data", choices=["movielens", "synthetic"], default="movielens", help="ctr data")
+    t.add_argument("--embedding", choices=["table", "fused_sgd"], default="table",
+                   help="ctr tables: nn.Embedding trained by Adam, or SGD fused into the backward")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
                    help="head backend: auto = Triton on CUDA, PyTorch on CPU")
