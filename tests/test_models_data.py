@@ -160,6 +160,10 @@ def test_fused_sgd_embeddings_reject_bad_input():
         emb.set_lr(float("nan"))
     with pytest.raises(ValueError, match=r"ids must be \[B, 2\] field ids"):
         emb(torch.zeros(6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"ids\[:, 1\] must be in \[0, 3\)"):
+        emb(torch.tensor([[4, 3]]))
+    with pytest.raises(ValueError, match=r"ids\[:, 0\] must be in \[0, 5\)"):
+        emb(torch.tensor([[-1, 0]]))
     emb.eval()
     out = emb(torch.tensor([[4, 2]]))  # eval: a plain lookup, no update in backward
     torch.testing.assert_close(out[0], emb.weight[[4, 7]].detach())

@@ -47,6 +47,9 @@ class FusedSGDEmbeddings(nn.Module):
     lr: the SGD step of the rows a batch touches, applied in backward (a buffer, so
     ``set_lr`` reaches a captured CUDA graph). The weight is a Parameter (it moves with
     ``.to()`` and is saved in the state dict) that never gets a ``.grad``; optimizers skip it.
+    Ids are range-checked per field on CPU. On CUDA they are not (a check would sync with
+    the host every step): an id past its field's cardinality reads the next table's rows,
+    and only ids outside the whole weight trip PyTorch's device-side index assert.
     """
 
     def __init__(self, cardinalities: list[int], dim: int, lr: float = 10.0, std: float = 0.05):
@@ -71,6 +74,11 @@ class FusedSGDEmbeddings(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != len(self.cardinalities):
             raise ValueError(f"ids must be [B, {len(self.cardinalities)}] field ids, got {tuple(ids.shape)}")
+        if ids.device.type == "cpu":  # free here; on CUDA it would cost a host sync (see the class docstring)
+            bad = (ids < 0) | (ids >= self.offsets.new_tensor(self.cardinalities))
+            if bool(bad.any()):
+                f = int(bad.nonzero()[0, 1])
+                raise ValueError(f"ids[:, {f}] must be in [0, {self.cardinalities[f]}) (field {f}'s cardinality)")
         idx = ids + self.offsets
         if not (torch.is_grad_enabled() and self.training and self.weight.requires_grad):
             return self.weight[idx]
