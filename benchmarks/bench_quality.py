@@ -51,7 +51,8 @@ def main():
             print(rows[-1], flush=True)
     write_csv(args.out, rows, meta)
     summary = []
-    for model, metrics in (("ctr", ["ne", "auc"]), ("ctr_fused_sgd", ["ne", "auc"]), ("transformer", ["perplexity"])):
+    for model in dict.fromkeys(r["model"] for r in rows):
+        metrics = ["ne", "auc"] if model.startswith("ctr") else ["perplexity"]
         for mode in MODES:
             rs = [r for r in rows if r["model"] == model and r["mode"] == mode]
             if not rs:

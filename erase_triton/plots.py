@@ -154,8 +154,7 @@ def plot_local_head(rows: list[dict], path: str):
 
 def plot_quality(rows: list[dict], path: str):
     """NE (ctr) or perplexity (transformer) per mode, mean ± std over seeds."""
-    panels = [(m, "ne") for m in ("ctr", "ctr_fused_sgd") if any(r["model"] == m for r in rows)]
-    panels += [("transformer", "perplexity")] if any(r["model"] == "transformer" for r in rows) else []
+    panels = [(m, "ne" if m.startswith("ctr") else "perplexity") for m in dict.fromkeys(r["model"] for r in rows)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (model, metric) in zip(axes[0], panels):
         rs = [r for r in rows if r["model"] == model]

@@ -134,6 +134,20 @@ def e2e_loss_fn(model):
     return fn
 
 
+def _step_runner(sched, step_fn, inputs, graphed: bool):
+    """run() doing one step: a replay of the captured step (capture() warms up), or the
+    step issued eagerly inside sched.step() after three warm-up steps."""
+    if graphed:
+        return sched.capture(step_fn, *inputs, warmup=3)
+
+    def run():
+        with sched.step():
+            step_fn(*inputs)
+    for _ in range(3):
+        run()
+    return run
+
+
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -141,16 +155,11 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     step = training_step(model, opt)
 
     out = {}
+    run = _step_runner(sched, step, inputs, graphed)
     if graphed:
-        replay = sched.capture(step, *inputs, warmup=3)
-        out["ms"] = median_ms(replay, 30, 5)
-        del replay
+        out["ms"] = median_ms(run, 30, 5)
+        del run
     else:
-        def run():
-            with sched.step():
-                step(*inputs)
-        for _ in range(3):
-            run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -325,14 +334,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
             model(*xs)
             with torch.profiler.record_function("erase::optimizer"):
                 opt.step()
-        if ex == "graph":
-            run = sched.capture(step_fn, *inputs, warmup=3)
-        else:
-            def run():
-                with sched.step():
-                    step_fn(*inputs)
-            for _ in range(3):
-                run()
+        run = _step_runner(sched, step_fn, inputs, ex == "graph")
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -64,6 +64,7 @@ class FusedSGDEmbeddings(nn.Module):
         self.weight = nn.Parameter(torch.empty(sum(cardinalities), dim).normal_(0, std))
         offsets = torch.tensor([0] + list(cardinalities[:-1])).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)
+        self.register_buffer("cards", torch.tensor(self.cardinalities), persistent=False)
         self.register_buffer("lr", torch.tensor(float(lr)), persistent=False)
 
     def set_lr(self, lr: float):
@@ -75,7 +76,7 @@ class FusedSGDEmbeddings(nn.Module):
         if ids.dim() != 2 or ids.shape[1] != len(self.cardinalities):
             raise ValueError(f"ids must be [B, {len(self.cardinalities)}] field ids, got {tuple(ids.shape)}")
         if ids.device.type == "cpu":  # free here; on CUDA it would cost a host sync (see the class docstring)
-            bad = (ids < 0) | (ids >= self.offsets.new_tensor(self.cardinalities))
+            bad = (ids < 0) | (ids >= self.cards)
             if bool(bad.any()):
                 f = int(bad.nonzero()[0, 1])
                 raise ValueError(f"ids[:, {f}] must be in [0, {self.cardinalities[f]}) (field {f}'s cardinality)")
