@@ -4,9 +4,11 @@ kernel (online log-sum-exp, grad_W from recomputed logits), and eager PyTorch, a
 transformer's head shapes, on the whole device and at occupancy 1/8 (beside the next forward).
 
     python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--vocab-only]
+    python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_vocab_tiles.csv
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
-variant is checked against the float64 reference first.
+variant is checked against the float64 reference first. --tiles: a tile grid of the
+vocabulary kernel (block_n x block_v x block_d x warps) at the transformer's head shapes.
 """
 from __future__ import annotations
 
@@ -37,14 +39,21 @@ def use_path(dense_max_c: int):
     fn._FAST.clear()
 
 
+VOCAB_TILES = [LaunchConfig(block_n=bn, block_v=bv, block_d=bd, num_warps=nw)
+               for bn in (16, 32, 64) for bv in (64, 128, 256) for bd in (64, 128, 256) for nw in (4, 8)
+               if not (bn == 16 and nw == 8)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
     ap.add_argument("--vocab-only", action="store_true", help="skip the dense-kernel variants")
+    ap.add_argument("--tiles", action="store_true", help="tile grid of the vocabulary kernel (transformer shapes)")
     args = ap.parse_args()
     meta = metadata()
     rows = []
-    for N, D, C in SHAPES:
+    shapes = [(4096, 256, 256), (4096, 256, 128)] if args.tiles else SHAPES
+    for N, D, C in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         h = torch.randn(N, D, device="cuda", generator=g).bfloat16()
         w = (torch.randn(C, D, device="cuda", generator=g) / D ** 0.5).bfloat16()
@@ -59,13 +68,14 @@ def main():
             loss.backward()
         rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
         print(rows[-1], flush=True)
-        for path, max_c in (("vocab", 64),) + (() if args.vocab_only else (("dense", 1 << 20),)):
+        for path, max_c in (("vocab", 64),) + (() if args.vocab_only or args.tiles else (("dense", 1 << 20),)):
             use_path(max_c)
             for occ in (None, 0.125):
-                for t in (DENSE_TILES if path == "dense" else [None]):
+                tiles = DENSE_TILES if path == "dense" else ([None] + VOCAB_TILES if args.tiles else [None])
+                for t in tiles:
                     cfg = LaunchConfig(occupancy=occ) if t is None else LaunchConfig(
-                        occupancy=occ, block_n=t.block_n, block_d=t.block_d, num_warps=t.num_warps)
-                    name = "auto" if t is None else f"bn={t.block_n},bd={t.block_d},nw={t.num_warps}"
+                        occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d, num_warps=t.num_warps)
+                    name = "auto" if t is None else f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
                     row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
                         out = fused_local_head(h, w, b, y, loss="ce", config=cfg)

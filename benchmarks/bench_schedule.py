@@ -37,15 +37,15 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
 
 
-def measure(model, inputs, mode, graphed, streams=None):
-    r = time_step(model, inputs, mode, graphed, streams=streams)
+def measure(model, inputs, mode, graphed, streams=None, adaptive=True):
+    r = time_step(model, inputs, mode, graphed, streams=streams, adaptive=adaptive)
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None):
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
     for desc, build in cases:
         for heads in ("torch", "fused"):
-            for graphed in (False, True):
+            for graphed in execs:
                 for mode in MODES:
                     model, inputs = build(heads)
                     ms, peak = measure(model, inputs, mode, graphed)
@@ -54,7 +54,13 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None):
                     rows.append(row)
                     print(row, flush=True)
                     del model, inputs
-            for k in ring_sizes:
+            if False in execs and heads == "fused":  # what adaptive forking buys in eager mode
+                model, inputs = build(heads)
+                ms, peak = measure(model, inputs, "erase", False, adaptive=False)
+                row = dict(desc, heads=heads, exec="eager", mode="erase", streams="always-fork", ms=ms, peak_mb=peak)
+                rows.append(row)
+                print(row, flush=True)
+            for k in (ring_sizes if True in execs else ()):
                 model, inputs = build(heads)
                 ms, peak = measure(model, inputs, "erase", True, streams=k)
                 row = dict(desc, heads=heads, exec="graph", mode="erase", streams=k, ms=ms, peak_mb=peak)
@@ -81,6 +87,9 @@ def summarize(rows):
             s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
+        fork = [r["ms"] for r in rows if key(r) == k and r["streams"] == "always-fork"]
+        if fork:
+            s["eager_always_fork_vs_seq"] = g.get(("fused", "eager", "sequential"), float("nan")) / fork[0]
         out.append(s)
     return out
 
@@ -91,6 +100,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/schedule.csv")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-width", type=int, default=None, help="only configs up to this width")
+    ap.add_argument("--exec", default="both", choices=["both", "eager", "graph"], help="eager steps, graphed, or both")
     args = ap.parse_args()
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -109,12 +119,13 @@ def main():
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16"),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads)))
-    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta))
+    execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
+    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs)
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq"])
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq"])
 
 
 if __name__ == "__main__":

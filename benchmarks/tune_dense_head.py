@@ -1,16 +1,20 @@
 """Tile study of the dense fused head on its bandwidth anchor (BCE, C=1, D=1024, bf16).
 
     python benchmarks/tune_dense_head.py [--out benchmarks/results/tune_dense_head.csv] [--shapes 65536x1024,...] [--small]
+    python benchmarks/tune_dense_head.py --fixed --out benchmarks/results/tune_dense_head_fixed.csv
 
 Kernel time is the replay of a CUDA graph of 20 head calls (so host cost is out of it),
 by default at N=65536 (the issue's anchor: 268 MB moved) and N=8192 (mostly fixed cost:
 grid barrier, fixed-order reduction, launch); --shapes picks others. Every variant is
 checked against the default launch before its time counts. Grid: block_n x num_warps x
-num_stages (--small: five candidate rules).
+num_stages (--small: five candidate rules). --fixed: levers on the fixed cost of a call
+(cache hints, the phase-R load shape, deterministic=False's float atomics in place of
+phase R, with smaller dynamically claimed row groups), beside a plain copy of h.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -22,6 +26,43 @@ from common import copy_bandwidth_gbs, metadata, print_table, write_csv  # noqa:
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
 from erase_triton import functional as fn  # noqa: E402
+from erase_triton.kernels import launch as kl  # noqa: E402
+from erase_triton.kernels import local_head as lh  # noqa: E402
+
+
+def _clear_plans():
+    lh._PLANS.clear()
+    fn._FAST.clear()
+    kl._PER_SM.clear()
+
+
+@contextlib.contextmanager
+def blocks_override(**kw):
+    """Launch the dense kernel with some of its constexprs (EVICT, BLOCK_G, BLOCK_R) replaced."""
+    orig = lh._dense_blocks
+    lh._dense_blocks = lambda *a: {**orig(*a), **kw}
+    _clear_plans()
+    try:
+        yield
+    finally:
+        lh._dense_blocks = orig
+        _clear_plans()
+
+
+FIXED = [  # (name, LaunchConfig or None, constexpr overrides)
+    ("default", None, {}),
+    ("evict", None, dict(EVICT=True)),
+    ("R 128x32", None, dict(BLOCK_G=128, BLOCK_R=32)),
+    ("R 64x64", None, dict(BLOCK_G=64, BLOCK_R=64)),
+    ("R 32x128", None, dict(BLOCK_G=32, BLOCK_R=128)),
+    ("R 512x8", None, dict(BLOCK_G=512, BLOCK_R=8)),
+    ("atomic", LaunchConfig(deterministic=False), {}),
+    ("atomic gt8", LaunchConfig(deterministic=False, group_tiles=8), {}),
+    ("atomic gt4", LaunchConfig(deterministic=False, group_tiles=4), {}),
+    ("atomic gt2", LaunchConfig(deterministic=False, group_tiles=2), {}),
+    ("atomic evict", LaunchConfig(deterministic=False), dict(EVICT=True)),
+    ("atomic gt4 evict", LaunchConfig(deterministic=False, group_tiles=4), dict(EVICT=True)),
+]
 
 
 def graph_us(call, reps: int = 20, iters: int = 10) -> float:
@@ -48,11 +89,50 @@ def graph_us(call, reps: int = 20, iters: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def fixed_study(N, D, bw):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
+    b = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
+    y = torch.rand(N, 1, device="cuda", generator=g).round()
+    floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
+    out = torch.empty_like(h)
+    rows = [dict(N=N, D=D, variant="torch copy of h", floor_us=floor_us, us=graph_us(lambda: out.copy_(h)))]
+    base = fused_local_head(h, w, b, y)
+    for name, cfg, over in FIXED:
+        row = dict(N=N, D=D, variant=name, floor_us=floor_us)
+        try:
+            with blocks_override(**over):
+                res = fused_local_head(h, w, b, y, config=cfg)
+                hl = list(fn._FAST.values())[-1][0]
+                row.update(P=hl.P, groups=hl.ints[8])
+                ck = hl.plan.kernel.warmup(*_warm_args(hl, h, w, b, y), grid=(hl.P,), num_warps=hl.plan.num_warps,
+                                           **hl.plan.constexprs)
+                row.update(n_regs=getattr(ck, "n_regs", None), n_spills=getattr(ck, "n_spills", None))
+                exact = all(torch.equal(o, r) for o, r in zip(res, base))
+                row["matches_default"] = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=1e-5)
+                                             for o, r in zip(res, base))
+                row["bitwise_default"] = exact
+                us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
+                row.update(us=us, pct_of_floor=100 * floor_us / us)
+        except Exception as ex:  # one variant that fails must not lose the rest
+            row["error"] = repr(ex)[:200]
+        rows.append(row)
+        print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return rows
+
+
+def _warm_args(hl, h, w, b, y):
+    ws = lh._workspace(h.device)
+    return (h, w, b, y, h.dtype, w, b, torch.float32, torch.float32, torch.float32, ws.ctr, *hl.ints)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/tune_dense_head.csv")
     ap.add_argument("--shapes", default="65536x1024,8192x1024", help="NxD,... (all rows of one D share the grid)")
     ap.add_argument("--small", action="store_true", help="a short grid (for launch-bound shapes)")
+    ap.add_argument("--fixed", action="store_true", help="levers on the fixed cost (FIXED); default shapes + N=1024 D=256")
     ap.add_argument("--groups", action="store_true",
                     help="vary group_tiles (grad_W partial groups) for the best tiles of the full grid")
     args = ap.parse_args()
@@ -60,9 +140,15 @@ def main():
     bw = copy_bandwidth_gbs()
     meta["copy_gbs"] = round(bw, 1)
     print(f"# {meta['gpu']} torch {meta['torch']} triton {meta['triton']} copy {bw:.0f} GB/s", flush=True)
+    if args.fixed and args.shapes == ap.get_default("shapes"):
+        args.shapes += ",1024x256"
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
     rows = []
     for N, D in shapes:
+        if args.fixed:
+            rows += fixed_study(N, D, bw)
+            write_csv(args.out, rows, meta)
+            continue
         if args.groups:
             grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st, group_tiles=gt)
                              for bn, nw, st in [(8, 2, 2), (4, 4, 3), (8, 4, 1)] for gt in (None, 8, 4, 2, 1)]
@@ -99,6 +185,10 @@ def main():
             rows.append(row)
             print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     write_csv(args.out, rows, meta)
+    if args.fixed:
+        print_table(rows, ["N", "D", "variant", "P", "n_regs", "n_spills", "us", "floor_us", "pct_of_floor",
+                           "bitwise_default"])
+        return
     for N, D in shapes:
         ok = sorted([r for r in rows if (r["N"], r["D"]) == (N, D) and "us" in r and r["matches_default"]],
                     key=lambda r: r["us"])

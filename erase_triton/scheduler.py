@@ -13,6 +13,12 @@
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
+              adaptive=True (default) forks only when the GPU is behind: if, at a
+              detach point, the device has already finished the previous segment's
+              forward, the host is the bottleneck and a fork would only add stream
+              calls, so the backward and the next segment stay on the current stream.
+              The first detach point and every one under CUDA-graph capture fork. Either way the math
+              (and the heads' occupancy) is the same: only the streams differ.
 
 Put the optimizer step after a `final=True` head (where the ring is joined back into the
 caller's stream) or after the context; a step with no final head joins only at exit.
@@ -47,13 +53,18 @@ class RingPlan:
     n_streams: int
 
     def stream_of(self, segment: int) -> int:
+        """The stream of a segment when every detach point before it forks."""
         return segment % self.n_streams
 
-    def bwd_after(self, segment: int, leaves: frozenset, earlier: dict) -> list[int]:
-        """Earlier segments whose backward must finish before this one's: those that
-        accumulate .grad into a leaf this segment also reaches, on another stream."""
-        mine = self.stream_of(segment)
-        return [j for j, lv in earlier.items() if j != segment and self.stream_of(j) != mine and lv & leaves]
+    def next_stream(self, stream: int, fork: bool) -> int:
+        """The next segment's stream: the next one of the ring on a fork, else the same."""
+        return (stream + 1) % self.n_streams if fork else stream
+
+    def bwd_after(self, stream: int, leaves: frozenset, earlier: dict) -> list[int]:
+        """Earlier segments whose backward must finish before this one's (which runs on
+        `stream`): those that accumulate .grad into a leaf this segment also reaches, on
+        another stream. earlier: segment -> (its stream, its leaves)."""
+        return [j for j, (k, lv) in earlier.items() if k != stream and lv & leaves]
 
 
 def _leaves_of(t: torch.Tensor) -> frozenset:
@@ -83,16 +94,18 @@ class Scheduler:
     """Runs LocalHead detach points in one of MODES; see the module docstring.
 
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
-    created on demand). device: the CUDA device (default: current).
+    created on demand). device: the CUDA device (default: current). adaptive: fork at
+    a detach point only when the GPU is behind the host (see the module docstring).
     """
 
-    def __init__(self, mode: str = "erase", streams: int | None = None, device=None):
+    def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams must be a positive int or None, got {streams!r}")
         self.mode = mode
         self.n_streams = streams
+        self.adaptive = adaptive
         self.device = device
         self._streams: list = []
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
@@ -131,6 +144,8 @@ class Scheduler:
                 else torch.device(self.device)
         self._plan = RingPlan(self.n_streams or 8)
         self._seg = 0
+        self._k = 0              # ring index of the current segment's stream
+        self._lag = None         # event recorded one segment back (adaptive forking)
         self._keep = []          # tensors read on a stream other than their allocator's
         self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
         self._forked = set()     # ring streams that joined this step (and must be joined back)
@@ -142,6 +157,7 @@ class Scheduler:
         try:
             if self._use_streams():
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
+                self._capturing = torch.cuda.is_current_stream_capturing()
                 s0 = self._ring_stream(0)
                 s0.wait_event(self._record("start", 0, caller))
                 self._forked = {0}
@@ -171,19 +187,31 @@ class Scheduler:
         if leaves is None:
             leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
             self._leaf_cache[key] = leaves
-        after = plan.bwd_after(seg, leaves, self._seg_leaves)
-        self._seg_leaves[seg] = leaves
-        self.last_trace.append(("bwd", seg, plan.stream_of(seg), tuple(after)))
+        streams = self._use_streams()
+        k = self._k
+        after = plan.bwd_after(k, leaves, self._seg_leaves)
+        self._seg_leaves[seg] = (k, leaves)
+        if streams:
+            cur = self._ring_stream(k)
+            # The GPU is behind when it has not finished the previous segment's forward yet
+            # (query: no sync); otherwise forking would only add host work. The first
+            # detach point has no previous segment to ask about: it forks.
+            fork = not head.final and (not self.adaptive or self._capturing or self._lag is None
+                                       or not self._lag.query())
+            fwd_done = self._lag = self._record("fwd", seg, cur)
+        else:
+            fork = not head.final
+        nk = plan.next_stream(k, fork)
+        self.last_trace.append(("bwd", seg, k, tuple(after)))
         nxt = seg + 1
-        self.last_trace.append(("fwd", nxt, "caller" if head.final else plan.stream_of(nxt)))
-        self._seg = nxt
-        if not self._use_streams():
+        self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
+        self._seg, self._k = nxt, nk
+        if not streams:
             return _labelled(head, h, target, seg)
-        cur = self._ring_stream(plan.stream_of(seg))
-        fwd_done = self._record("fwd", seg, cur)
         for j in after:
             cur.wait_event(self._bwd_events[j])
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
+        # (the head keeps its "beside" occupancy when the step stays on one stream: same math)
         out = _labelled(head, h, target, seg, beside=not head.final)
         self._bwd_events[seg] = self._record("bwd", seg, cur)
         if head.final:
@@ -192,12 +220,12 @@ class Scheduler:
             self._join()
             self._keep.append(out)
             return out
-        s_next = self._ring_stream(plan.stream_of(nxt))
-        if s_next is not cur:
+        if nk != k:
+            s_next = self._ring_stream(nk)
             s_next.wait_event(fwd_done)
-            self._forked.add(plan.stream_of(nxt))
+            self._forked.add(nk)
             self._keep.append(out)
-        torch.cuda.set_stream(s_next)
+            torch.cuda.set_stream(s_next)
         return out
 
     def _join(self):

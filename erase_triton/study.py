@@ -148,10 +148,10 @@ def _step_runner(sched, step_fn, inputs, graphed: bool):
     return run
 
 
-def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3, adaptive: bool = True) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams)
+    sched = Scheduler(mode, streams=streams, adaptive=adaptive)
     step = training_step(model, opt)
 
     out = {}

@@ -154,13 +154,14 @@ def _dense_head_kernel(
     gb_ptr,       # [C] out: grad_b, bias's dtype
     loss_ptr,     # [1] out: loss, fp32
     part_ptr,     # [G, stride_g] fp32 workspace: per row group [grad_W | grad_b | loss]
+    acc_ptr,      # [C*D + C + 1] fp32, zero on entry and on exit: the ATOMIC mode's accumulator
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    N_CTR: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, EVICT: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
@@ -175,21 +176,32 @@ def _dense_head_kernel(
         b_w1 = tl.load(w_ptr + o_c[:, None] * D + o_d1[None, :], mask=m_cd1, other=0.0)
 
     # ---- phase A: row groups -> grad_h, and per-group partials of grad_W, grad_b, loss
+    # (ATOMIC: per-program partials, added into acc_ptr once at the end; no phase R)
+    b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
+    b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+    if SINGLE_CHUNK:
+        b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
     g = _claim(ctr_ptr + 2)
     while g < n_groups:
         t_lo = g * tiles_per_group
         t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
         p_row = part_ptr + g.to(tl.int64) * stride_g
-        b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
-        b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
-        if SINGLE_CHUNK:
-            b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
+        if not ATOMIC:
+            b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
+            b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+            if SINGLE_CHUNK:
+                b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
         for t in tl.range(t_lo, t_hi, num_stages=NUM_STAGES):
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             # pass 1: logits z [BLOCK_N, BLOCK_C]
             if SINGLE_CHUNK:
-                b_h1 = tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_n[:, None] & (o_d1 < D)[None, :], other=0.0)
+                p_h1 = h_ptr + o_n[:, None] * stride_h + o_d1[None, :]
+                m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
+                if EVICT:  # h is read once: keep L2 for the partials and counters
+                    b_h1 = tl.load(p_h1, mask=m_h1, other=0.0, eviction_policy="evict_first")
+                else:
+                    b_h1 = tl.load(p_h1, mask=m_h1, other=0.0)
                 if BLOCK_C == 1:
                     b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                 else:
@@ -239,8 +251,11 @@ def _dense_head_kernel(
                 else:
                     b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
                     b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
-                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], b_gh.to(gh_ptr.dtype.element_ty),
-                         mask=m_n[:, None] & (o_d1 < D)[None, :])
+                p_gh1 = gh_ptr + o_n[:, None] * D + o_d1[None, :]
+                if EVICT:  # grad_h is streamed out: do not keep it in L2
+                    tl.store(p_gh1, b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1, cache_modifier=".cs")
+                else:
+                    tl.store(p_gh1, b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1)
             else:
                 first = t == t_lo
                 for d0 in range(0, D, BLOCK_D):
@@ -261,22 +276,38 @@ def _dense_head_kernel(
                     if not first:
                         b_gw += tl.load(p_part, mask=m_cd, other=0.0)
                     tl.store(p_part, b_gw, mask=m_cd)
-        if SINGLE_CHUNK:
-            tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
-        tl.store(p_row + CD + o_c, b_gb, mask=m_c)
-        tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
-        _item_done(ctr_ptr + 3)
+        if not ATOMIC:
+            if SINGLE_CHUNK:
+                tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
+            tl.store(p_row + CD + o_c, b_gb, mask=m_c)
+            tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
+            _item_done(ctr_ptr + 3)
         g = _claim(ctr_ptr + 2)
-    _wait_all(ctr_ptr + 3, n_groups)
 
-    # ---- phase R: fixed-order sums of the group rows -> grad_W, grad_b, loss
-    n_r = tl.cdiv(CD + C + 1, BLOCK_R)
-    r = _claim(ctr_ptr + 6)
-    while r < n_r:
-        _reduce_rows(part_ptr, stride_g, n_groups, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                     HAS_BIAS, ACCUMULATE, True, BLOCK_G, BLOCK_R)
+    if ATOMIC:  # (SINGLE_CHUNK only) float atomics: the sum's order follows program timing
+        tl.atomic_add(acc_ptr + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1, sem="relaxed")
+        tl.atomic_add(acc_ptr + CD + o_c, b_gb, mask=m_c, sem="relaxed")
+        tl.atomic_add(acc_ptr + CD + C, tl.sum(b_loss, axis=0), sem="relaxed")
+        # The last program out reads the sums, writes the outputs, and re-zeroes acc and counters.
+        tl.debug_barrier()
+        if tl.atomic_add(ctr_ptr + 8, 1, sem="acq_rel") == n_programs - 1:
+            tl.debug_barrier()
+            for r in range(0, tl.cdiv(CD + C + 1, BLOCK_R)):
+                _reduce_rows(acc_ptr, 0, 1, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                             HAS_BIAS, ACCUMULATE, True, 1, BLOCK_R)
+                o_f = r * BLOCK_R + tl.arange(0, BLOCK_R)
+                tl.store(acc_ptr + o_f, tl.zeros([BLOCK_R], dtype=tl.float32), mask=o_f < CD + C + 1)
+            tl.store(ctr_ptr + tl.arange(0, N_CTR), tl.zeros([N_CTR], dtype=tl.int32))
+    else:
+        _wait_all(ctr_ptr + 3, n_groups)
+        # ---- phase R: fixed-order sums of the group rows -> grad_W, grad_b, loss
+        n_r = tl.cdiv(CD + C + 1, BLOCK_R)
         r = _claim(ctr_ptr + 6)
-    _exit(ctr_ptr, n_programs, N_CTR)
+        while r < n_r:
+            _reduce_rows(part_ptr, stride_g, n_groups, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                         HAS_BIAS, ACCUMULATE, True, BLOCK_G, BLOCK_R)
+            r = _claim(ctr_ptr + 6)
+        _exit(ctr_ptr, n_programs, N_CTR)
 
 
 @triton.jit
@@ -308,6 +339,7 @@ def _vocab_ce_kernel(
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
     ws_ptr,       # fp32 workspace: lse [N] | loss per row tile [n_tiles] | group rows [G, stride_g] (G > 1)
+    acc_ptr,      # unused here (the dense kernel's ATOMIC accumulator; same launch signature)
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
@@ -427,7 +459,8 @@ def _vocab_ce_kernel(
 
 # ------------------------------------------------------------------------------ launcher
 class _Workspace:
-    """Per-(device, stream) scratch: zeroed int32 counters + a grow-only fp32 buffer.
+    """Per-(device, stream) scratch: zeroed int32 counters, a grow-only fp32 buffer, and a
+    grow-only fp32 accumulator that every launch leaves at zero (the ATOMIC mode's).
 
     Launches on one stream are ordered, so they may share it; launches on other
     streams get their own. The kernel leaves the counters at zero.
@@ -436,11 +469,17 @@ class _Workspace:
     def __init__(self, device):
         self.ctr = torch.zeros(_N_CTR, dtype=torch.int32, device=device)
         self.buf = torch.empty(0, dtype=torch.float32, device=device)
+        self.acc = torch.zeros(0, dtype=torch.float32, device=device)  # kept zero by the kernel
 
     def floats(self, n: int) -> torch.Tensor:
         if self.buf.numel() < n:
             self.buf = torch.empty(max(n, 2 * self.buf.numel()), dtype=torch.float32, device=self.ctr.device)
         return self.buf
+
+    def zeros(self, n: int) -> torch.Tensor:
+        if self.acc.numel() < n:
+            self.acc = torch.zeros(max(n, 2 * self.acc.numel()), dtype=torch.float32, device=self.ctr.device)
+        return self.acc
 
 
 _WORKSPACES: dict = {}
@@ -500,8 +539,13 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
     # phase R: column chunks of 16 over 256 group rows (16 KB a load): C*D = 1024 gives 65
     # items, so the fixed-order sum is spread over the grid instead of a few programs.
     br = 16 if C * D <= 65536 else 64
+    # deterministic=False: float atomics replace phase R where the weight fits one tile; the
+    # last program then copies the C*D + C + 1 sums out in chunks of BLOCK_R.
+    atomic = not cfg.deterministic and bd >= D
+    if atomic:
+        br = min(4096, next_pow2(C * D + C + 1))
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
-                BLOCK_G=4096 // br, BLOCK_R=br, num_warps=cfg.num_warps or warps)
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, EVICT=False, num_warps=cfg.num_warps or warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
@@ -577,7 +621,7 @@ class HeadLaunch:
     (`knobs.runtime.launch_enter_hook`, used by proton) are therefore not called for it.
     """
 
-    __slots__ = ("plan", "device", "index", "n_buf", "P", "ints", "cx", "loss_like",
+    __slots__ = ("plan", "device", "index", "n_buf", "n_acc", "P", "ints", "cx", "loss_like",
                  "has_bias", "raw", "function", "packed", "coop", "pdl", "__weakref__")
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
@@ -593,6 +637,7 @@ class HeadLaunch:
         grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
         loss_out = torch.empty_like(self.loss_like)
         buf = ws.buf if ws.buf.numel() >= self.n_buf else ws.floats(self.n_buf)
+        acc = ws.acc if ws.acc.numel() >= self.n_acc else ws.zeros(self.n_acc)
         if POISON:
             grad_h.fill_(float("nan"))
             loss_out.fill_(float("nan"))
@@ -600,13 +645,13 @@ class HeadLaunch:
         if not self.has_bias:
             bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
         if self.raw is None:
-            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, grad_weight, grad_bias, loss_out, buf, ws.ctr,
+            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
                                         *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
                      grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
-                     ws.ctr.data_ptr(), *self.ints, *self.cx)
+                     acc.data_ptr(), ws.ctr.data_ptr(), *self.ints, *self.cx)
         return loss_out, grad_h
 
 
@@ -651,7 +696,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
 
     def args(P, G, tpg, inv_count):
         # warm-up arguments: dtypes stand for library-allocated (aligned) outputs and scratch
-        return (h2, weight, b_arg, y, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, ws.ctr,
+        return (h2, weight, b_arg, y, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, torch.float32, ws.ctr,
                 N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
 
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
@@ -662,9 +707,13 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         else:
             tpg = _cdiv(n_tiles, min(p_occ, n_tiles))
         G = _cdiv(n_tiles, tpg)
-        n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
-        P = min(p_occ, max(G, n_r))  # no program without work
-        n_buf = G * stride_g
+        if cx["ATOMIC"]:
+            P = min(p_occ, G)
+            n_buf, n_acc = 0, C * D + C + 1
+        else:
+            n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
+            P = min(p_occ, max(G, n_r))  # no program without work
+            n_buf, n_acc = G * stride_g, 0
     else:
         inv_count = 1.0
         n_v = _cdiv(C, cx["BLOCK_V"])
@@ -675,10 +724,11 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         G = _cdiv(n_tiles, tpg)
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
         n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
+        n_acc = 0
     hl = HeadLaunch()
     hl.plan, hl.device = plan, dev
     hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
-    hl.n_buf, hl.P, hl.has_bias, hl.cx = n_buf, P, has_bias, tuple(cx.values())
+    hl.n_buf, hl.n_acc, hl.P, hl.has_bias, hl.cx = n_buf, n_acc, P, has_bias, tuple(cx.values())
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
     hl.raw = None
     if cuda:

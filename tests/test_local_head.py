@@ -112,6 +112,32 @@ def test_small_partial_groups(group_tiles, device):
     check("bce", 63, 50, 1, torch.float32, True, 0.25, device, config=cfg)
 
 
+@pytest.mark.parametrize("loss,N,D,C,bias,group_tiles", [("bce", 781, 130, 1, True, None), ("mse", 63, 50, 17, False, 2),
+                                                          ("ce", 100, 16, 17, True, 1), ("bce", 1, 1, 3, True, None)])
+def test_atomic_mode_matches_reference(loss, N, D, C, bias, group_tiles, device):
+    # deterministic=False: float atomics instead of phase R; the accumulator is left at zero
+    cfg = LaunchConfig(deterministic=False, block_n=4 if C == 1 else None, group_tiles=group_tiles)
+    check(loss, N, D, C, torch.float32, bias, 0.5, device, config=cfg)
+    check(loss, N, D, C, torch.bfloat16, bias, 0.5, device, config=cfg)  # twice: the accumulator was re-zeroed
+    assert all(not ws.acc.any() for ws in klh._WORKSPACES.values())
+    assert all(not ws.ctr.any() for ws in klh._WORKSPACES.values())
+
+
+def test_atomic_mode_accumulates_and_falls_back(device):
+    # into existing .grad; and a head whose weight needs several D chunks stays deterministic
+    h, w, b, y = make("bce", 63, 50, 3, torch.float32, True, device)
+    gw0, gb0 = torch.randn_like(w), torch.randn_like(b)
+    gw, gb = gw0.clone(), gb0.clone()
+    local_head_into(h, w, b, y, loss="bce", reduction="mean", ignore_index=-100, backend="triton",
+                    config=LaunchConfig(deterministic=False), grad_weight=gw, grad_bias=gb, accumulate=True)
+    ref = reference.local_head(h, w, b, y, loss="bce")
+    torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
+    assert not klh._plan("bce", "mean", 3, 4096, torch.float32, True, False, LaunchConfig(deterministic=False),
+                         False, True, "ieee").constexprs["ATOMIC"]
+    check("bce", 40, 130, 3, torch.float32, True, None, device, config=LaunchConfig(deterministic=False, block_d=32))
+
+
 def test_narrow_row_tiles_need_c1(device):
     h, w, b, y = make("bce", 8, 4, 3, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 when C > 1"):
@@ -242,6 +268,8 @@ def test_bad_occupancy():
         LaunchConfig(block_n=24)
     with pytest.raises(ValueError, match="group_tiles must be a positive int"):
         LaunchConfig(group_tiles=0)
+    with pytest.raises(ValueError, match="deterministic must be a bool"):
+        LaunchConfig(deterministic="no")
 
 
 def test_wrong_type():

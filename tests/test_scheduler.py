@@ -177,9 +177,13 @@ def test_erase_trace_is_a_ring():
 def test_ring_plan():
     p = RingPlan(3)
     assert [p.stream_of(i) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    earlier = {0: frozenset({1, 2}), 1: frozenset({3}), 3: frozenset({2})}
-    # segment 4 (stream 1) shares leaf 2 with 0 (stream 0) and 3 (stream 0); 1 is its own stream
-    assert p.bwd_after(4, frozenset({2, 3}), earlier) == [0, 3]
+    assert [p.next_stream(k, True) for k in range(3)] == [1, 2, 0]
+    assert [p.next_stream(k, False) for k in range(3)] == [0, 1, 2]
+    earlier = {0: (0, frozenset({1, 2})), 1: (1, frozenset({3})), 3: (0, frozenset({2}))}
+    # segment 4 on stream 1 shares leaf 2 with 0 and 3 (stream 0); 1 shares leaf 3 but on stream 1
+    assert p.bwd_after(1, frozenset({2, 3}), earlier) == [0, 3]
+    # a segment that stayed on stream 0 (no fork) needs no event for 0 and 3
+    assert p.bwd_after(0, frozenset({2, 3}), earlier) == [1]
 
 
 def test_scheduler_rejects_bad_args_and_nesting():
