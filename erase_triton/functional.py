@@ -120,7 +120,7 @@ def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction,
            target.shape, target.stride(), target.dtype, target.get_device(), target.data_ptr() & 15,
            grad_weight.stride(), grad_weight.dtype, grad_weight.get_device(), grad_weight.data_ptr() & 15,
            loss, reduction, ignore_index, id(config), accumulate,
-           torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32())
+           torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32(), torch._C._get_deterministic_algorithms())
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() & 15,
                 grad_bias.stride(), grad_bias.dtype, grad_bias.get_device(), grad_bias.data_ptr() & 15)

@@ -33,12 +33,15 @@ class LaunchConfig:
                     to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
-    deterministic:  True (default): grad_weight, grad_bias and the loss are summed in a
-                    fixed order after a grid barrier, so results are bitwise reproducible.
-                    False permits float atomics instead (no barrier, no reduction phase)
-                    where the weight fits one tile (dense kernel, C * next_pow2(D) <= 8192:
-                    the BCE/MSE heads); their last bits then depend on program timing.
-                    Other heads stay deterministic.
+    deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
+                    after a grid barrier, so results are bitwise reproducible. False permits
+                    float atomics instead (no barrier, no reduction phase) where the weight
+                    fits one tile (dense kernel, C * next_pow2(D) <= 8192: BCE/MSE heads and
+                    CE with few classes); their last bits then depend on program timing, and
+                    other heads stay deterministic. None (default) follows
+                    torch.are_deterministic_algorithms_enabled() at call time, like PyTorch's
+                    own atomic kernels. H200: BCE N=65536 D=1024 bf16 77 us with atomics,
+                    82 us deterministic.
     """
 
     occupancy: float | None = None
@@ -49,7 +52,7 @@ class LaunchConfig:
     num_stages: int | None = None
     fp32_precision: str | None = None
     group_tiles: int | None = None
-    deterministic: bool = True
+    deterministic: bool | None = None
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
@@ -62,8 +65,8 @@ class LaunchConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v!r}")
         if self.group_tiles is not None and (not isinstance(self.group_tiles, int) or self.group_tiles < 1):
             raise ValueError(f"group_tiles must be a positive int or None, got {self.group_tiles!r}")
-        if not isinstance(self.deterministic, bool):
-            raise ValueError(f"deterministic must be a bool, got {self.deterministic!r}")
+        if self.deterministic is not None and not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be a bool or None, got {self.deterministic!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

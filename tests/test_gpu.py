@@ -24,8 +24,8 @@ def test_pipelined_rows_match_reference():
     w = torch.randn(1, 1024, device=dev, dtype=torch.bfloat16) / 32
     b = torch.zeros(1, device=dev, dtype=torch.bfloat16)
     y = torch.rand(65536, device=dev).round()
-    fast = fused_local_head(h, w, b, y)
-    base = fused_local_head(h, w, b, y, config=et.LaunchConfig(num_stages=1))
+    fast = fused_local_head(h, w, b, y, config=et.LaunchConfig(deterministic=True))
+    base = fused_local_head(h, w, b, y, config=et.LaunchConfig(num_stages=1, deterministic=True))
     for a, c in zip(fast, base):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
 
@@ -39,9 +39,10 @@ def test_signature_cache_hits_and_stays_exact():
     w = (torch.randn(3, 130, device=dev, generator=g) / 12).to(torch.bfloat16)
     b = torch.zeros(3, device=dev, dtype=torch.bfloat16)
     y = torch.rand(1025, 3, device=dev, generator=g).round()
-    first = fused_local_head(h, w, b, y)
+    cfg = et.LaunchConfig(deterministic=True)
+    first = fused_local_head(h, w, b, y, config=cfg)
     n = len(fn._FAST)
-    again = fused_local_head(h, w, b, y)
+    again = fused_local_head(h, w, b, y, config=cfg)
     assert len(fn._FAST) == n
     for a, c in zip(first, again):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
@@ -80,16 +81,33 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
         y[3::7] = -100
     else:
         y = torch.rand(N, C, device=dev, generator=g).round()
-    out = fused_local_head(h, w, b, y, loss=loss)
     same = reference.local_head(h, w, b, y, loss=loss)
     ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss)
-    for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
-        eo, es = rel_err(o, r), rel_err(s, r)
-        bound = 2 * es + (1e-5 if dtype == torch.float32 else 1e-2)
-        assert eo <= bound, f"{name}: rel err {eo:.3g} vs torch {es:.3g}"
-    again = fused_local_head(h, w, b, y, loss=loss)
+    det = et.LaunchConfig(deterministic=True)
+    for cfg in (None, det):  # default (float atomics where they apply), and deterministic
+        out = fused_local_head(h, w, b, y, loss=loss, config=cfg)
+        for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
+            eo, es = rel_err(o, r), rel_err(s, r)
+            bound = 2 * es + (1e-5 if dtype == torch.float32 else 1e-2)
+            assert eo <= bound, f"{name}: rel err {eo:.3g} vs torch {es:.3g}"
+    again = fused_local_head(h, w, b, y, loss=loss, config=det)
     for o, a in zip(out, again):
         assert torch.equal(o, a), "not bitwise deterministic"
+
+
+def test_atomic_mode_at_scale():
+    # the default (torch not in deterministic mode) takes float atomics for C=1: equal to the
+    # deterministic kernel to fp32 rounding, at the bandwidth anchor and at a launch-bound size
+    for N, D in ((65536, 1024), (1000, 256)):
+        h = torch.randn(N, D, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(1, D, device=dev, dtype=torch.bfloat16) / 32
+        b = torch.zeros(1, device=dev, dtype=torch.bfloat16)
+        y = torch.rand(N, device=dev).round()
+        fast = fused_local_head(h, w, b, y)
+        base = fused_local_head(h, w, b, y, config=et.LaunchConfig(deterministic=True))
+        torch.testing.assert_close(fast.grad_h, base.grad_h, rtol=0, atol=0)
+        for a, c in zip(fast, base):
+            torch.testing.assert_close(a.float(), c.float(), rtol=2e-2, atol=1e-5)
 
 
 def test_one_launch_per_call():
@@ -146,7 +164,7 @@ def test_erase_bitwise_equals_sequential_at_equal_occupancy():
     torch.manual_seed(0)
     model = mlp_chain()
     for hd in model.heads:
-        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25)
+        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25, deterministic=True)
     x, y = torch.randn(4096, 512, device=dev), torch.rand(4096, device=dev).round()
     seq = step_grads(model, "sequential", x, y)
     era = step_grads(model, "erase", x, y)
@@ -159,6 +177,8 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
     # and always-forking steps give bitwise the same gradients (same math, other streams).
     torch.manual_seed(0)
     model = mlp_chain(256)
+    for hd in model.heads:
+        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.125, deterministic=True)
     x, y = torch.randn(1024, 256, device=dev), torch.rand(1024, device=dev).round()
     grads = {}
     for adaptive in (False, True):

@@ -72,13 +72,15 @@ SHAPES = {
 CASES = []
 for loss, (dn, dt) in itertools.product(SHAPES, DTYPES.items()):
     for i, (N, D, C) in enumerate(SHAPES[loss]):
-        CASES.append(pytest.param(loss, N, D, C, dt, i % 2 == 0, (None, 1 / 32)[i % 2],
-                                  id=f"{loss}-{dn}-N{N}-D{D}-C{C}-{'b' if i % 2 == 0 else 'nob'}-occ{(1, 32)[i % 2]}"))
+        det = (i // 2) % 2 == 0  # the fixed-order reduction, or float atomics where they apply
+        CASES.append(pytest.param(loss, N, D, C, dt, i % 2 == 0, (None, 1 / 32)[i % 2], det,
+                                  id=f"{loss}-{dn}-N{N}-D{D}-C{C}-{'b' if i % 2 == 0 else 'nob'}-occ{(1, 32)[i % 2]}"
+                                     f"-{'det' if det else 'atomic'}"))
 
 
-@pytest.mark.parametrize("loss,N,D,C,dtype,bias,occupancy", CASES)
-def test_matches_reference(loss, N, D, C, dtype, bias, occupancy, device):
-    check(loss, N, D, C, dtype, bias, occupancy, device)
+@pytest.mark.parametrize("loss,N,D,C,dtype,bias,occupancy,det", CASES)
+def test_matches_reference(loss, N, D, C, dtype, bias, occupancy, det, device):
+    check(loss, N, D, C, dtype, bias, None, device, config=LaunchConfig(occupancy=occupancy, deterministic=det or None))
 
 
 @pytest.mark.parametrize("loss", ["bce", "ce", "mse"])
@@ -134,7 +136,7 @@ def test_atomic_mode_accumulates_and_falls_back(device):
     torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
     assert not klh._plan("bce", "mean", 3, 4096, torch.float32, True, False, LaunchConfig(deterministic=False),
-                         False, True, "ieee").constexprs["ATOMIC"]
+                         False, True, "ieee", False).constexprs["ATOMIC"]
     check("bce", 40, 130, 3, torch.float32, True, None, device, config=LaunchConfig(deterministic=False, block_d=32))
 
 
@@ -190,10 +192,29 @@ def test_all_rows_ignored_gives_nan_loss_and_zero_grads(device):
 
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
-    a = fused_local_head(h, w, b, y, loss="ce", backend="triton")
-    c = fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    cfg = LaunchConfig(deterministic=True)
+    a = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+    c = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
     for x, z in zip(a, c):
         assert torch.equal(x, z)
+
+
+def test_deterministic_default_follows_torch(device):
+    # deterministic=None takes float atomics unless torch.use_deterministic_algorithms(True)
+    h, w, b, y = make("bce", 63, 50, 1, torch.float32, True, device)
+    klh._PLANS.clear()
+    fused_local_head(h, w, b, y, backend="triton")
+    plans = {k[-1]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
+    assert plans == {False: True}
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = fused_local_head(h, w, b, y, backend="triton")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    plans = {k[-1]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
+    assert plans == {False: True, True: False}
+    ref = reference.local_head(h, w, b, y)
+    torch.testing.assert_close(out.grad_weight, ref.grad_weight, rtol=1e-4, atol=1e-6)
 
 
 def test_backend_auto_and_torch_agree(device):
@@ -268,7 +289,7 @@ def test_bad_occupancy():
         LaunchConfig(block_n=24)
     with pytest.raises(ValueError, match="group_tiles must be a positive int"):
         LaunchConfig(group_tiles=0)
-    with pytest.raises(ValueError, match="deterministic must be a bool"):
+    with pytest.raises(ValueError, match="deterministic must be a bool or None"):
         LaunchConfig(deterministic="no")
 
 
