@@ -4,7 +4,9 @@
 
 MLP proxy of DESIGN.md (six blocks of two Linear+ReLU, width w, batch b, BCE heads,
 SGD) in tf32 and bf16, and the six-layer transformer (erase_triton.models). Median
-step time from CUDA events; peak memory of the eager step. CSV with GPU metadata.
+step time from CUDA events: graphed steps one mode at a time, eager steps with the modes
+interleaved on one model (`time_eager_modes`); peak memory of the eager step. CSV with
+GPU metadata.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
+from erase_triton import Scheduler  # noqa: E402
 from erase_triton.models import MLPChain  # noqa: E402
-from erase_triton.study import time_step, transformer_workload  # noqa: E402
+from erase_triton.study import time_eager_modes, time_step, transformer_workload  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -37,30 +40,35 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
 
 
-def measure(model, inputs, mode, graphed, streams=None, adaptive=True):
-    r = time_step(model, inputs, mode, graphed, streams=streams, adaptive=adaptive)
+def measure(model, inputs, mode, graphed, streams=None):
+    r = time_step(model, inputs, mode, graphed, streams=streams)
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
     for desc, build in cases:
         for heads in ("torch", "fused"):
-            for graphed in execs:
-                for mode in MODES:
-                    model, inputs = build(heads)
-                    ms, peak = measure(model, inputs, mode, graphed)
-                    row = dict(desc, heads=heads, exec="graph" if graphed else "eager", mode=mode, streams="auto",
-                               ms=ms, peak_mb=peak)
+            if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
+                model, inputs = build(heads)
+                variants = {(m, "auto"): Scheduler(m) for m in MODES}
+                if heads == "fused":  # what adaptive forking buys
+                    variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
+                res = time_eager_modes(model, inputs, variants)
+                for (mode, streams), (ms, peak) in res.items():
+                    row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak)
                     rows.append(row)
                     print(row, flush=True)
-                    del model, inputs
-            if False in execs and heads == "fused":  # what adaptive forking buys in eager mode
+                del model, inputs
+            if True not in execs:
+                continue
+            for mode in MODES:
                 model, inputs = build(heads)
-                ms, peak = measure(model, inputs, "erase", False, adaptive=False)
-                row = dict(desc, heads=heads, exec="eager", mode="erase", streams="always-fork", ms=ms, peak_mb=peak)
+                ms, peak = measure(model, inputs, mode, True)
+                row = dict(desc, heads=heads, exec="graph", mode=mode, streams="auto", ms=ms, peak_mb=peak)
                 rows.append(row)
                 print(row, flush=True)
-            for k in (ring_sizes if True in execs else ()):
+                del model, inputs
+            for k in ring_sizes:
                 model, inputs = build(heads)
                 ms, peak = measure(model, inputs, "erase", True, streams=k)
                 row = dict(desc, heads=heads, exec="graph", mode="erase", streams=k, ms=ms, peak_mb=peak)

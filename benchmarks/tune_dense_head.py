@@ -49,20 +49,20 @@ def blocks_override(**kw):
         _clear_plans()
 
 
+DET = LaunchConfig(deterministic=True)
 FIXED = [  # (name, LaunchConfig or None, constexpr overrides)
     ("default", None, {}),
-    ("evict", None, dict(EVICT=True)),
-    ("R 128x32", None, dict(BLOCK_G=128, BLOCK_R=32)),
-    ("R 64x64", None, dict(BLOCK_G=64, BLOCK_R=64)),
-    ("R 32x128", None, dict(BLOCK_G=32, BLOCK_R=128)),
-    ("R 512x8", None, dict(BLOCK_G=512, BLOCK_R=8)),
-    ("atomic", LaunchConfig(deterministic=False), {}),
-    ("atomic gt8", LaunchConfig(deterministic=False, group_tiles=8), {}),
-    ("atomic gt4", LaunchConfig(deterministic=False, group_tiles=4), {}),
+    ("deterministic", DET, {}),
+    ("deterministic evict", DET, dict(EVICT=True)),
+    ("deterministic R 512x8", DET, dict(BLOCK_G=512, BLOCK_R=8)),
+    ("deterministic R 32x128", DET, dict(BLOCK_G=32, BLOCK_R=128)),
+    ("atomic gt1", LaunchConfig(deterministic=False, group_tiles=1), {}),
     ("atomic gt2", LaunchConfig(deterministic=False, group_tiles=2), {}),
+    ("atomic gt8", LaunchConfig(deterministic=False, group_tiles=8), {}),
     ("atomic evict", LaunchConfig(deterministic=False), dict(EVICT=True)),
-    ("atomic gt4 evict", LaunchConfig(deterministic=False, group_tiles=4), dict(EVICT=True)),
-]
+] + [(f"atomic bn={bn},nw={nw},st={st}", LaunchConfig(deterministic=False, block_n=bn, num_warps=nw, num_stages=st), {})
+     for bn, nw, st in [(8, 2, 3), (4, 2, 2), (4, 4, 3), (16, 4, 2), (8, 4, 2), (16, 4, 3), (2, 1, 3), (4, 1, 2)]] + [
+    ("default again", None, {})]  # run-to-run drift of the machine over the study
 
 
 def graph_us(call, reps: int = 20, iters: int = 10) -> float:

@@ -148,10 +148,10 @@ def _step_runner(sched, step_fn, inputs, graphed: bool):
     return run
 
 
-def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3, adaptive: bool = True) -> dict:
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams, adaptive=adaptive)
+    sched = Scheduler(mode, streams=streams)
     step = training_step(model, opt)
 
     out = {}
@@ -169,6 +169,52 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
             out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
         out["ms"] = median_ms(run, 20, 3)
     return out
+
+
+def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3) -> dict:
+    """Eager steps of several schedules, interleaved (A B C A B C ...) on one model.
+
+    variants: {name: Scheduler}. An eager step is host-bound at small sizes, and the
+    host's speed drifts over seconds, so modes timed one after another differ by more
+    than the modes themselves; interleaving gives each the same drift. Returns
+    {name: (median ms from CUDA events, peak MB of one step)}.
+    """
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    step = training_step(model, opt)
+    runs = {}
+    for name, sched in variants.items():
+        def run(sched=sched):
+            with sched.step():
+                step(*inputs)
+        for _ in range(3):
+            run()
+        runs[name] = run
+    if not torch.cuda.is_available():  # host clock, no memory figure
+        ts = {name: [] for name in runs}
+        for _ in range(iters):
+            for name, run in runs.items():
+                t = time.perf_counter()
+                run()
+                ts[name].append((time.perf_counter() - t) * 1e3)
+        return {name: (statistics.median(v), float("nan")) for name, v in ts.items()}
+    peak = {}
+    for name, run in runs.items():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        peak[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    ev = {name: [] for name in runs}
+    for _ in range(iters):
+        for name, run in runs.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            ev[name].append((a, b))
+    torch.cuda.synchronize()
+    return {name: (statistics.median(a.elapsed_time(b) for a, b in ev[name]), peak[name]) for name in runs}
 
 
 def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:

@@ -240,3 +240,22 @@ def test_head_accumulates_into_non_contiguous_grad():
     lin.load_state_dict({"weight": head.weight.detach(), "bias": head.bias.detach()})
     F.mse_loss(lin(h), y).backward()
     torch.testing.assert_close(head.weight.grad, g0 + lin.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_time_eager_modes_interleaves_every_variant():
+    from erase_triton.study import time_eager_modes
+    torch.manual_seed(0)
+    model = Chain(n=3)
+    x, y = data("bce")
+    calls = []
+    variants = {m: Scheduler(m) for m in ("e2e", "sequential", "erase")}
+    for name, s in variants.items():
+        orig = s.step
+
+        def step(orig=orig, name=name):
+            calls.append(name)
+            return orig()
+        s.step = step
+    res = time_eager_modes(model, (x, y), variants, iters=2)
+    assert set(res) == set(variants) and all(ms > 0 for ms, _ in res.values())
+    assert calls[-6:] == ["e2e", "sequential", "erase"] * 2  # interleaved, not one mode after another
