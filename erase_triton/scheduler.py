@@ -14,10 +14,10 @@
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
               adaptive=True (default) forks only when the GPU is behind: if, at a
-              detach point, the device has already finished the previous segment's
-              forward, the host is the bottleneck and a fork would only add stream
-              calls, so the backward and the next segment stay on the current stream.
-              The first detach point and every one under CUDA-graph capture fork. Either way the math
+              detach point, the segment's stream has already run everything queued on
+              it, the host is the bottleneck and a fork would only add stream calls, so
+              the backward and the next segment stay on that stream (no events either).
+              Every detach point forks under CUDA-graph capture. Either way the math
               (and the heads' occupancy) is the same: only the streams differ.
 
 Put the optimizer step after a `final=True` head (where the ring is joined back into the
@@ -145,7 +145,6 @@ class Scheduler:
         self._plan = RingPlan(self.n_streams or 8)
         self._seg = 0
         self._k = 0              # ring index of the current segment's stream
-        self._lag = None         # event recorded one segment back (adaptive forking)
         self._keep = []          # tensors read on a stream other than their allocator's
         self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
         self._forked = set()     # ring streams that joined this step (and must be joined back)
@@ -189,18 +188,16 @@ class Scheduler:
             self._leaf_cache[key] = leaves
         streams = self._use_streams()
         k = self._k
+        cur = self._streams[k] if streams else None
+        # Adaptive: a stream with nothing left to run (query: no sync) means the host is the
+        # bottleneck and nothing would overlap; stay on it and do what sequential does.
+        inline = (streams and self.adaptive and not head.final and not self._capturing and cur.query())
+        fork = not head.final and not inline
         after = plan.bwd_after(k, leaves, self._seg_leaves)
-        self._seg_leaves[seg] = (k, leaves)
-        if streams:
-            cur = self._ring_stream(k)
-            # The GPU is behind when it has not finished the previous segment's forward yet
-            # (query: no sync); otherwise forking would only add host work. The first
-            # detach point has no previous segment to ask about: it forks.
-            fork = not head.final and (not self.adaptive or self._capturing or self._lag is None
-                                       or not self._lag.query())
-            fwd_done = self._lag = self._record("fwd", seg, cur)
-        else:
-            fork = not head.final
+        if fork:
+            # A segment that stays on its stream needs no entry: every later segment on another
+            # stream starts behind the next fork's event, recorded after this backward.
+            self._seg_leaves[seg] = (k, leaves)
         nk = plan.next_stream(k, fork)
         self.last_trace.append(("bwd", seg, k, tuple(after)))
         nxt = seg + 1
@@ -210,16 +207,18 @@ class Scheduler:
             return _labelled(head, h, target, seg)
         for j in after:
             cur.wait_event(self._bwd_events[j])
+        if inline:  # (the head keeps its "beside" occupancy: the same math either way)
+            return _labelled(head, h, target, seg, beside=True)
+        fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
-        # (the head keeps its "beside" occupancy when the step stays on one stream: same math)
         out = _labelled(head, h, target, seg, beside=not head.final)
-        self._bwd_events[seg] = self._record("bwd", seg, cur)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.
             self._join()
             self._keep.append(out)
             return out
+        self._bwd_events[seg] = self._record("bwd", seg, cur)
         if nk != k:
             s_next = self._ring_stream(nk)
             s_next.wait_event(fwd_done)
