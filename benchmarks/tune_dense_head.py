@@ -97,7 +97,8 @@ def fixed_study(N, D, bw):
     y = torch.rand(N, 1, device="cuda", generator=g).round()
     floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
     out = torch.empty_like(h)
-    rows = [dict(N=N, D=D, variant="torch copy of h", floor_us=floor_us, us=graph_us(lambda: out.copy_(h)))]
+    copy_us = graph_us(lambda: out.copy_(h))
+    rows = [dict(N=N, D=D, variant="torch copy of h", floor_us=floor_us, us=copy_us, pct_of_floor=100 * floor_us / copy_us)]
     base = fused_local_head(h, w, b, y)
     for name, cfg, over in FIXED:
         row = dict(N=N, D=D, variant=name, floor_us=floor_us)

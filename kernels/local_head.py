@@ -14,8 +14,11 @@ The grid is persistent and sized by `occupancy`. Programs *claim* work items fro
 atomic counter; a phase ends at a grid barrier (count of finished items). Because
 every claimed item belongs to a program that is already running, the barrier cannot
 deadlock even when only part of the grid is resident (e.g. beside a GEMM on another
-stream). grad_W/grad_b/loss partials are summed in a fixed order after the barrier,
-so results are bitwise reproducible: there is no atomic float addition anywhere.
+stream). Deterministic launches sum the grad_W/grad_b/loss partials in a fixed order
+after the barrier, so results are bitwise reproducible. Otherwise (ATOMIC, dense kernel
+with the weight in one tile) each program adds its partials into a zeroed fp32
+accumulator with float atomics and the last program out writes the outputs: no barrier
+and no reduction phase. `LaunchConfig.deterministic` chooses (None follows PyTorch's flag).
 
 Counters live in a small per-stream int32 workspace; the last program to exit
 resets them, so consecutive launches on one stream need no memset.
