@@ -103,6 +103,8 @@ class Scheduler:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams must be a positive int or None, got {streams!r}")
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"adaptive must be a bool, got {adaptive!r}")
         self.mode = mode
         self.n_streams = streams
         self.adaptive = adaptive

@@ -191,6 +191,8 @@ def test_scheduler_rejects_bad_args_and_nesting():
         Scheduler("fast")
     with pytest.raises(ValueError, match="streams must be a positive int"):
         Scheduler("erase", streams=0)
+    with pytest.raises(ValueError, match="adaptive must be a bool"):
+        Scheduler("erase", adaptive="yes")
     s = Scheduler("erase")
     with s.step():
         with pytest.raises(RuntimeError, match="another Scheduler.step"):
@@ -259,3 +261,78 @@ def test_time_eager_modes_interleaves_every_variant():
     res = time_eager_modes(model, (x, y), variants, iters=2)
     assert set(res) == set(variants) and all(ms > 0 for ms, _ in res.values())
     assert calls[-6:] == ["e2e", "sequential", "erase"] * 2  # interleaved, not one mode after another
+
+
+class _FakeEvent:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self, stream):
+        self.log.append(("record", stream.name))
+
+
+class _FakeStream:
+    """Stands in for torch.cuda.Stream: `busy` decides what query() answers."""
+
+    def __init__(self, log, name, busy):
+        self.log, self.name, self.busy = log, name, busy
+
+    def query(self):
+        return not self.busy(self.name)
+
+    def wait_event(self, ev):
+        self.log.append(("wait", self.name))
+
+
+def _fake_cuda(monkeypatch, busy):
+    """The stream side of Scheduler.step on CPU: every CUDA call it makes goes to fakes."""
+    log, n = [], [0]
+    caller = _FakeStream(log, "caller", busy)
+
+    def stream(device=None):
+        n[0] += 1
+        return _FakeStream(log, f"s{n[0] - 1}", busy)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _FakeEvent(log))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: log.append(("set", s.name)))
+    return log
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_adaptive_plan_on_fake_streams(monkeypatch, share):
+    # Busy streams fork at every detach point; idle ones stay put and record no events;
+    # an inline segment sharing a leaf with an earlier forked one waits on its backward.
+    torch.manual_seed(0)
+    model = Chain(share=share)
+    for hd in model.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    ref = detached_reference(copy.deepcopy(model), x, y)
+    busy_until = {"s0": True}  # s0 busy (segment 0 forks), every later stream idle
+
+    log = _fake_cuda(monkeypatch, lambda name: busy_until.get(name, False))
+    sched = Scheduler("erase")
+    with sched.step():
+        model(x, y)
+    fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
+    assert fwd == [0, 1, 1, 1, "caller"], sched.last_trace
+    bwd = {e[1]: e[3] for e in sched.last_trace if e[0] == "bwd"}
+    assert bwd[2] == ((0,) if share else ()), sched.last_trace  # segment 2 (inline, s1) after 0's backward
+    # inline segments 1 and 2 record nothing: events only at step start, the fork at 0, and the final head
+    records = [e for e in log if e[0] == "record"]
+    assert records == [("record", "caller"), ("record", "s0"), ("record", "s0"), ("record", "s1"),
+                       ("record", "s0"), ("record", "s1")], log
+    assert_same_grads(grads(model), ref)
+
+    log.clear()
+    model.zero_grad(set_to_none=True)
+    busy_until.clear()
+    busy_until.update(s0=True, s1=True, s2=True, s3=True)  # GPU behind everywhere: a ring
+    with sched.step():
+        model(x, y)
+    assert [e[2] for e in sched.last_trace if e[0] == "fwd"] == [0, 1, 2, 3, "caller"]
+    assert_same_grads(grads(model), ref)
