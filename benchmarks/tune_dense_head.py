@@ -89,13 +89,18 @@ def graph_us(call, reps: int = 20, iters: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def fixed_study(N, D, bw):
+def bce_anchor(N, D, bw):
+    """The BCE C=1 bf16 head at N x D, and its HBM floor (h read + grad_h written) at bw GB/s."""
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
     w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
     b = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
     y = torch.rand(N, 1, device="cuda", generator=g).round()
-    floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
+    return h, w, b, y, 2 * N * D * 2 / (bw * 1e9) * 1e6
+
+
+def fixed_study(N, D, bw):
+    h, w, b, y, floor_us = bce_anchor(N, D, bw)
     out = torch.empty_like(h)
     copy_us = graph_us(lambda: out.copy_(h))
     rows = [dict(N=N, D=D, variant="torch copy of h", floor_us=floor_us, us=copy_us, pct_of_floor=100 * floor_us / copy_us)]
@@ -162,12 +167,7 @@ def main():
             grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st)
                              for bn, nw, st in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 3))
                              if bn * D // (32 * nw) <= 256]  # at most 256 h elements a thread
-        g = torch.Generator(device="cuda").manual_seed(0)
-        h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
-        b = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
-        y = torch.rand(N, 1, device="cuda", generator=g).round()
-        floor_us = 2 * N * D * 2 / (bw * 1e9) * 1e6
+        h, w, b, y, floor_us = bce_anchor(N, D, bw)
         base = fused_local_head(h, w, b, y)
         for cfg in grid:
             name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}" + \
