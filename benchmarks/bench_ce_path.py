@@ -20,10 +20,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
-from tune_dense_head import graph_us  # noqa: E402
+from tune_dense_head import _clear_plans, graph_us  # noqa: E402
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
-from erase_triton import functional as fn  # noqa: E402
 from erase_triton.kernels import local_head as lh  # noqa: E402
 from erase_triton.reference import local_head as local_head_reference  # noqa: E402
 
@@ -35,8 +34,7 @@ DENSE_TILES = [None, LaunchConfig(block_n=16, block_d=64, num_warps=4), LaunchCo
 
 def use_path(dense_max_c: int):
     lh.DENSE_CE_MAX_C = dense_max_c
-    lh._PLANS.clear()
-    fn._FAST.clear()
+    _clear_plans()
 
 
 # The whole-device grid over bn 16-64 x bv 64-256 x bd 64-256 x 4/8 warps (C=256 D=256, H200:

@@ -11,7 +11,7 @@ import collections
 import torch
 
 from erase_triton.scheduler import Scheduler
-from erase_triton.study import ctr_workload
+from erase_triton.study import _step_runner, ctr_workload
 from erase_triton.train import training_step
 
 
@@ -44,15 +44,11 @@ def main():
             model, inputs = ctr_workload(w, b, embedding=args.embedding)
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
             sched = Scheduler(mode)
-            step = training_step(model, opt)
-            for _ in range(3):
-                with sched.step():
-                    step(*inputs)
+            run = _step_runner(sched, training_step(model, opt), inputs, graphed=False)  # warms up
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.steps):
-                    with sched.step():
-                        step(*inputs)
+                    run()
                 torch.cuda.synchronize()
             per_kernel = collections.Counter()
             for e in prof.key_averages():

@@ -161,14 +161,19 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
         del run
     else:
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            run()
-            torch.cuda.synchronize()
-            out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+            out["peak_mb"] = _peak_mb(run)
         out["ms"] = median_ms(run, 20, 3)
     return out
+
+
+def _peak_mb(run) -> float:
+    """Peak device memory (MB) that one call of run() allocates above what was live before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
 def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3) -> dict:
@@ -181,14 +186,7 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
     """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     step = training_step(model, opt)
-    runs = {}
-    for name, sched in variants.items():
-        def run(sched=sched):
-            with sched.step():
-                step(*inputs)
-        for _ in range(3):
-            run()
-        runs[name] = run
+    runs = {name: _step_runner(sched, step, inputs, False) for name, sched in variants.items()}
     if not torch.cuda.is_available():  # host clock, no memory figure
         ts = {name: [] for name in runs}
         for _ in range(iters):
@@ -197,14 +195,7 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
                 run()
                 ts[name].append((time.perf_counter() - t) * 1e3)
         return {name: (statistics.median(v), float("nan")) for name, v in ts.items()}
-    peak = {}
-    for name, run in runs.items():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        run()
-        torch.cuda.synchronize()
-        peak[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    peak = {name: _peak_mb(run) for name, run in runs.items()}
     ev = {name: [] for name in runs}
     for _ in range(iters):
         for name, run in runs.items():

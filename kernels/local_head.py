@@ -75,11 +75,22 @@ def _wait_all(done_ptr, n_items):
 
 
 @triton.jit
+def _last_out(ctr_ptr, n_programs):
+    # True in the last program to get here (after every other program's writes: acq_rel).
+    tl.debug_barrier()
+    return tl.atomic_add(ctr_ptr + 8, 1, sem="acq_rel") == n_programs - 1
+
+
+@triton.jit
+def _reset(ctr_ptr, N_CTR: tl.constexpr):
+    tl.store(ctr_ptr + tl.arange(0, N_CTR), tl.zeros([N_CTR], dtype=tl.int32))
+
+
+@triton.jit
 def _exit(ctr_ptr, n_programs, N_CTR: tl.constexpr):
     # The last program out resets every counter for the next launch on this stream.
-    tl.debug_barrier()
-    if tl.atomic_add(ctr_ptr + 8, 1, sem="acq_rel") == n_programs - 1:
-        tl.store(ctr_ptr + tl.arange(0, N_CTR), tl.zeros([N_CTR], dtype=tl.int32))
+    if _last_out(ctr_ptr, n_programs):
+        _reset(ctr_ptr, N_CTR)
 
 
 @triton.jit
@@ -163,7 +174,7 @@ def _dense_head_kernel(
     n_tiles, n_groups, tiles_per_group, n_programs,
     LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, EVICT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
@@ -199,12 +210,8 @@ def _dense_head_kernel(
             m_n = o_n < N
             # pass 1: logits z [BLOCK_N, BLOCK_C]
             if SINGLE_CHUNK:
-                p_h1 = h_ptr + o_n[:, None] * stride_h + o_d1[None, :]
                 m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
-                if EVICT:  # h is read once: keep L2 for the partials and counters
-                    b_h1 = tl.load(p_h1, mask=m_h1, other=0.0, eviction_policy="evict_first")
-                else:
-                    b_h1 = tl.load(p_h1, mask=m_h1, other=0.0)
+                b_h1 = tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0)
                 if BLOCK_C == 1:
                     b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                 else:
@@ -254,11 +261,7 @@ def _dense_head_kernel(
                 else:
                     b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
                     b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
-                p_gh1 = gh_ptr + o_n[:, None] * D + o_d1[None, :]
-                if EVICT:  # grad_h is streamed out: do not keep it in L2
-                    tl.store(p_gh1, b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1, cache_modifier=".cs")
-                else:
-                    tl.store(p_gh1, b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1)
+                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1)
             else:
                 first = t == t_lo
                 for d0 in range(0, D, BLOCK_D):
@@ -292,15 +295,14 @@ def _dense_head_kernel(
         tl.atomic_add(acc_ptr + CD + o_c, b_gb, mask=m_c, sem="relaxed")
         tl.atomic_add(acc_ptr + CD + C, tl.sum(b_loss, axis=0), sem="relaxed")
         # The last program out reads the sums, writes the outputs, and re-zeroes acc and counters.
-        tl.debug_barrier()
-        if tl.atomic_add(ctr_ptr + 8, 1, sem="acq_rel") == n_programs - 1:
+        if _last_out(ctr_ptr, n_programs):
             tl.debug_barrier()
             for r in range(0, tl.cdiv(CD + C + 1, BLOCK_R)):
                 _reduce_rows(acc_ptr, 0, 1, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
                              HAS_BIAS, ACCUMULATE, True, 1, BLOCK_R)
                 o_f = r * BLOCK_R + tl.arange(0, BLOCK_R)
                 tl.store(acc_ptr + o_f, tl.zeros([BLOCK_R], dtype=tl.float32), mask=o_f < CD + C + 1)
-            tl.store(ctr_ptr + tl.arange(0, N_CTR), tl.zeros([N_CTR], dtype=tl.int32))
+            _reset(ctr_ptr, N_CTR)
     else:
         _wait_all(ctr_ptr + 3, n_groups)
         # ---- phase R: fixed-order sums of the group rows -> grad_W, grad_b, loss
@@ -548,7 +550,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     if atomic:
         br = min(4096, next_pow2(C * D + C + 1))
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
-                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, EVICT=False, num_warps=cfg.num_warps or warps)
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, num_warps=cfg.num_warps or warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
