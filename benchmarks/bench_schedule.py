@@ -11,6 +11,7 @@ GPU metadata.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -25,6 +26,19 @@ from erase_triton.study import time_eager_modes, time_step, transformer_workload
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
+
+
+class SideStreamScheduler(Scheduler):
+    """A Scheduler whose whole step runs on a side stream: what erase pays for leaving the
+    caller's (default) stream, apart from forking."""
+
+    @contextlib.contextmanager
+    def step(self):
+        side = self.__dict__.setdefault("_side", torch.cuda.Stream())
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), super().step():
+            yield self
+        torch.cuda.current_stream().wait_stream(side)
 
 
 def mlp_case(width, batch, dtype, heads, occupancy="auto"):
@@ -51,11 +65,13 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
             if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
                 model, inputs = build(heads)
                 variants = {(m, "auto"): Scheduler(m) for m in MODES}
-                if heads == "fused":  # what adaptive forking buys
+                if heads == "fused":  # what adaptive forking buys, and what a non-default stream costs
                     variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
+                    variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                 res = time_eager_modes(model, inputs, variants)
-                for (mode, streams), (ms, peak) in res.items():
-                    row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak)
+                for (mode, streams), (ms, peak, host_ms) in res.items():
+                    row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
+                               host_ms=host_ms)
                     rows.append(row)
                     print(row, flush=True)
                 del model, inputs
@@ -95,9 +111,15 @@ def summarize(rows):
             s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
-        fork = [r["ms"] for r in rows if key(r) == k and r["streams"] == "always-fork"]
-        if fork:
-            s["eager_always_fork_vs_seq"] = g.get(("fused", "eager", "sequential"), float("nan")) / fork[0]
+        seq = g.get(("fused", "eager", "sequential"), float("nan"))
+        for variant in ("always-fork", "side-stream"):
+            ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
+            if ms:
+                s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
+        host = {r["mode"]: r["host_ms"] for r in rows
+                if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused" and r["streams"] == "auto"}
+        if host:
+            s["eager_host_ms_seq"], s["eager_host_ms_erase"] = host.get("sequential"), host.get("erase")
         out.append(s)
     return out
 
@@ -133,7 +155,8 @@ def main():
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq"])
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
+                       "eager_side_stream_vs_seq", "eager_host_ms_seq", "eager_host_ms_erase"])
 
 
 if __name__ == "__main__":

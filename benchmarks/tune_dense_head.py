@@ -62,6 +62,12 @@ FIXED = [  # (name, LaunchConfig or None, constexpr overrides)
     ("atomic gt8", LaunchConfig(deterministic=False, group_tiles=8), {}),
 ] + [(f"atomic bn={bn},nw={nw},st={st}", LaunchConfig(deterministic=False, block_n=bn, num_warps=nw, num_stages=st), {})
      for bn, nw, st in [(8, 2, 3), (4, 2, 2), (4, 4, 3), (16, 4, 2), (8, 4, 2), (16, 4, 3), (2, 1, 3), (4, 1, 2)]] + [
+    # session 5: a static tile stride (no claims, one pipelined loop a program) and K accumulator copies
+    ("atomic strided", None, dict(STRIDED=True)),
+    ("atomic copies4", None, dict(ACC_COPIES=4, BLOCK_R=512)),
+    ("atomic strided copies4", None, dict(STRIDED=True, ACC_COPIES=4, BLOCK_R=512)),
+    ("atomic strided copies8", None, dict(STRIDED=True, ACC_COPIES=8, BLOCK_R=256)),
+    ("atomic strided st3", LaunchConfig(num_stages=3), dict(STRIDED=True)),
     ("default again", None, {})]  # run-to-run drift of the machine over the study
 
 

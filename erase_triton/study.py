@@ -182,30 +182,33 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
     variants: {name: Scheduler}. An eager step is host-bound at small sizes, and the
     host's speed drifts over seconds, so modes timed one after another differ by more
     than the modes themselves; interleaving gives each the same drift. Returns
-    {name: (median ms from CUDA events, peak MB of one step)}.
+    {name: (median ms from CUDA events, peak MB of one step, median host ms to issue
+    one step)}; host ms close to the event ms means the step is host-bound.
     """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     step = training_step(model, opt)
     runs = {name: _step_runner(sched, step, inputs, False) for name, sched in variants.items()}
-    if not torch.cuda.is_available():  # host clock, no memory figure
-        ts = {name: [] for name in runs}
-        for _ in range(iters):
-            for name, run in runs.items():
-                t = time.perf_counter()
-                run()
-                ts[name].append((time.perf_counter() - t) * 1e3)
-        return {name: (statistics.median(v), float("nan")) for name, v in ts.items()}
-    peak = {name: _peak_mb(run) for name, run in runs.items()}
+    cuda = torch.cuda.is_available()
+    peak = {name: _peak_mb(run) if cuda else float("nan") for name, run in runs.items()}
     ev = {name: [] for name in runs}
+    host = {name: [] for name in runs}
     for _ in range(iters):
         for name, run in runs.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+            t = time.perf_counter()
             run()
-            b.record()
-            ev[name].append((a, b))
-    torch.cuda.synchronize()
-    return {name: (statistics.median(a.elapsed_time(b) for a, b in ev[name]), peak[name]) for name in runs}
+            host[name].append((time.perf_counter() - t) * 1e3)
+            if cuda:
+                b.record()
+                ev[name].append((a, b))
+    if cuda:
+        torch.cuda.synchronize()
+        ms = {name: statistics.median(a.elapsed_time(b) for a, b in ev[name]) for name in runs}
+    else:  # no device clock: the host's
+        ms = {name: statistics.median(host[name]) for name in runs}
+    return {name: (ms[name], peak[name], statistics.median(host[name])) for name in runs}
 
 
 def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:

@@ -168,14 +168,14 @@ def _dense_head_kernel(
     gb_ptr,       # [C] out: grad_b, bias's dtype
     loss_ptr,     # [1] out: loss, fp32
     part_ptr,     # [G, stride_g] fp32 workspace: per row group [grad_W | grad_b | loss]
-    acc_ptr,      # [C*D + C + 1] fp32, zero on entry and on exit: the ATOMIC mode's accumulator
+    acc_ptr,      # [ACC_COPIES, stride_g] fp32, zero on entry and on exit: the ATOMIC mode's accumulators
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     LOSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, STRIDED: tl.constexpr,
+    ACC_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
@@ -195,17 +195,26 @@ def _dense_head_kernel(
     b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
     if SINGLE_CHUNK:
         b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-    g = _claim(ctr_ptr + 2)
+    if STRIDED:  # (ATOMIC only) program p takes tiles p, p + P, ...: no claims, one pipelined loop
+        g = tl.program_id(0)
+        t_step = n_programs
+    else:
+        g = _claim(ctr_ptr + 2)
+        t_step = 1
     while g < n_groups:
-        t_lo = g * tiles_per_group
-        t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
+        if STRIDED:
+            t_lo = g
+            t_hi = n_tiles
+        else:
+            t_lo = g * tiles_per_group
+            t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
         p_row = part_ptr + g.to(tl.int64) * stride_g
         if not ATOMIC:
             b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
             b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
             if SINGLE_CHUNK:
                 b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-        for t in tl.range(t_lo, t_hi, num_stages=NUM_STAGES):
+        for t in tl.range(t_lo, t_hi, t_step, num_stages=NUM_STAGES):
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             # pass 1: logits z [BLOCK_N, BLOCK_C]
@@ -288,20 +297,27 @@ def _dense_head_kernel(
             tl.store(p_row + CD + o_c, b_gb, mask=m_c)
             tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
             _item_done(ctr_ptr + 3)
-        g = _claim(ctr_ptr + 2)
+        if STRIDED:
+            g = n_groups
+        else:
+            g = _claim(ctr_ptr + 2)
 
     if ATOMIC:  # (SINGLE_CHUNK only) float atomics: the sum's order follows program timing
-        tl.atomic_add(acc_ptr + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1, sem="relaxed")
-        tl.atomic_add(acc_ptr + CD + o_c, b_gb, mask=m_c, sem="relaxed")
-        tl.atomic_add(acc_ptr + CD + C, tl.sum(b_loss, axis=0), sem="relaxed")
-        # The last program out reads the sums, writes the outputs, and re-zeroes acc and counters.
+        # ACC_COPIES accumulators (stride_g apart) split the programs' atomics on each address
+        p_acc = acc_ptr + (tl.program_id(0) % ACC_COPIES) * stride_g
+        tl.atomic_add(p_acc + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1, sem="relaxed")
+        tl.atomic_add(p_acc + CD + o_c, b_gb, mask=m_c, sem="relaxed")
+        tl.atomic_add(p_acc + CD + C, tl.sum(b_loss, axis=0), sem="relaxed")
+        # The last program out sums the copies, writes the outputs, and re-zeroes acc and counters.
         if _last_out(ctr_ptr, n_programs):
             tl.debug_barrier()
             for r in range(0, tl.cdiv(CD + C + 1, BLOCK_R)):
-                _reduce_rows(acc_ptr, 0, 1, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                             HAS_BIAS, ACCUMULATE, True, 1, BLOCK_R)
+                _reduce_rows(acc_ptr, stride_g, ACC_COPIES, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                             HAS_BIAS, ACCUMULATE, True, ACC_COPIES, BLOCK_R)
                 o_f = r * BLOCK_R + tl.arange(0, BLOCK_R)
-                tl.store(acc_ptr + o_f, tl.zeros([BLOCK_R], dtype=tl.float32), mask=o_f < CD + C + 1)
+                for k in tl.static_range(ACC_COPIES):
+                    tl.store(acc_ptr + k * stride_g + o_f, tl.zeros([BLOCK_R], dtype=tl.float32),
+                             mask=o_f < CD + C + 1)
             _reset(ctr_ptr, N_CTR)
     else:
         _wait_all(ctr_ptr + 3, n_groups)
@@ -550,7 +566,8 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     if atomic:
         br = min(4096, next_pow2(C * D + C + 1))
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
-                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, num_warps=cfg.num_warps or warps)
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=False, ACC_COPIES=1,
+                num_warps=cfg.num_warps or warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
@@ -695,6 +712,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
     plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
     cx = plan.constexprs
+    if plan.dense and cx["STRIDED"] and not cx["ATOMIC"]:
+        # a static tile split needs no claims only where no grid barrier waits on other programs
+        raise ValueError("STRIDED row tiles need the ATOMIC (non-deterministic, one weight tile) dense kernel")
     b_arg = bias if has_bias else weight
     gb_arg = grad_bias if has_bias else grad_weight
     bn = cx["BLOCK_N"]
@@ -710,7 +730,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if plan.dense:
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
         even = _cdiv(n_tiles, min(p_occ, n_tiles))  # the tiles spread evenly, one group a program
-        if cfg.group_tiles:
+        if cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
+            tpg = 1
+        elif cfg.group_tiles:
             tpg = cfg.group_tiles
         elif cx["ATOMIC"]:
             # groups are claimed, and partials stay per program: smaller groups balance the
@@ -722,7 +744,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         G = _cdiv(n_tiles, tpg)
         if cx["ATOMIC"]:
             P = min(p_occ, G)
-            n_buf, n_acc = 0, C * D + C + 1
+            if cx["STRIDED"]:
+                G = P
+            n_buf, n_acc = 0, cx["ACC_COPIES"] * stride_g
         else:
             n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
             P = min(p_occ, max(G, n_r))  # no program without work

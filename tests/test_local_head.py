@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+import erase_triton.functional as functional
 import erase_triton.kernels.local_head as klh
 from erase_triton import LaunchConfig, fused_local_head, reference
 from erase_triton.functional import local_head_into
@@ -123,6 +124,28 @@ def test_atomic_mode_matches_reference(loss, N, D, C, bias, group_tiles, device)
     check(loss, N, D, C, torch.bfloat16, bias, 0.5, device, config=cfg)  # twice: the accumulator was re-zeroed
     assert all(not ws.acc.any() for ws in klh._WORKSPACES.values())
     assert all(not ws.ctr.any() for ws in klh._WORKSPACES.values())
+
+
+@pytest.mark.parametrize("strided,copies", [(True, 1), (False, 4), (True, 2)])
+def test_atomic_mode_strided_tiles_and_accumulator_copies(strided, copies, monkeypatch, device):
+    # the atomic kernel's tuning levers: a static tile stride (no claims) and several accumulators
+    orig = klh._dense_blocks
+    monkeypatch.setattr(klh, "_dense_blocks", lambda *a: {**orig(*a), "STRIDED": strided, "ACC_COPIES": copies})
+    klh._PLANS.clear()
+    functional._FAST.clear()
+    try:
+        cfg = LaunchConfig(deterministic=False, block_n=4)
+        check("bce", 781, 130, 1, torch.float32, True, 0.5, device, config=cfg)
+        check("mse", 63, 50, 3, torch.float32, False, 1.0, device, config=LaunchConfig(deterministic=False))
+        assert all(not ws.acc.any() for ws in klh._WORKSPACES.values())
+        assert all(not ws.ctr.any() for ws in klh._WORKSPACES.values())
+        if strided:
+            h, w, b, y = make("bce", 8, 4, 1, torch.float32, True, device)
+            with pytest.raises(ValueError, match="STRIDED"):
+                fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(deterministic=True))
+    finally:
+        klh._PLANS.clear()
+        functional._FAST.clear()
 
 
 def test_atomic_mode_accumulates_and_falls_back(device):

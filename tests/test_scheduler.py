@@ -259,7 +259,7 @@ def test_time_eager_modes_interleaves_every_variant():
             return orig()
         s.step = step
     res = time_eager_modes(model, (x, y), variants, iters=2)
-    assert set(res) == set(variants) and all(ms > 0 for ms, _ in res.values())
+    assert set(res) == set(variants) and all(ms > 0 and host > 0 for ms, _, host in res.values())
     assert calls[-6:] == ["e2e", "sequential", "erase"] * 2  # interleaved, not one mode after another
 
 
