@@ -246,16 +246,16 @@ def test_deterministic(device):
 def test_deterministic_default_follows_torch(device):
     # deterministic=None takes float atomics unless torch.use_deterministic_algorithms(True)
     h, w, b, y = make("bce", 63, 50, 1, torch.float32, True, device)
-    klh._PLANS.clear()
+    klh._PLANS.clear()  # plan keys end (..., deterministic, store_z)
     fused_local_head(h, w, b, y, backend="triton")
-    plans = {k[-1]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
+    plans = {k[-2]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
     assert plans == {False: True}
     torch.use_deterministic_algorithms(True)
     try:
         out = fused_local_head(h, w, b, y, backend="triton")
     finally:
         torch.use_deterministic_algorithms(False)
-    plans = {k[-1]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
+    plans = {k[-2]: p.constexprs["ATOMIC"] for k, p in klh._PLANS.items() if k[2:4] == (1, 50)}
     assert plans == {False: True, True: False}
     ref = reference.local_head(h, w, b, y)
     torch.testing.assert_close(out.grad_weight, ref.grad_weight, rtol=1e-4, atol=1e-6)
