@@ -155,8 +155,9 @@ class Scheduler:
         _local.active = self
         self._in_step = True
         caller = self._caller = None
+        self._on_streams = self._use_streams()
         try:
-            if self._use_streams():
+            if self._on_streams:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
                 s0 = self._ring_stream(0)
@@ -188,14 +189,14 @@ class Scheduler:
         if leaves is None:
             leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
             self._leaf_cache[key] = leaves
-        streams = self._use_streams()
+        streams = self._on_streams
         k = self._k
         cur = self._streams[k] if streams else None
         # Adaptive: a stream with nothing left to run (query: no sync) means the host is the
         # bottleneck and nothing would overlap; stay on it and do what sequential does.
         inline = (streams and self.adaptive and not head.final and not self._capturing and cur.query())
         fork = not head.final and not inline
-        after = plan.bwd_after(k, leaves, self._seg_leaves)
+        after = plan.bwd_after(k, leaves, self._seg_leaves) if self._seg_leaves else []
         if fork:
             # A segment that stays on its stream needs no entry: every later segment on another
             # stream starts behind the next fork's event, recorded after this backward.
