@@ -72,7 +72,7 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
                 res = time_eager_modes(model, inputs, variants)
                 for (mode, streams), (ms, peak, host_ms) in res.items():
                     row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
-                               host_ms=host_ms)
+                               host_ms=host_ms, forks=variants[(mode, streams)].last_forks)  # in the last step
                     rows.append(row)
                     print(row, flush=True)
                 del model, inputs

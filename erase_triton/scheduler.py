@@ -113,6 +113,7 @@ class Scheduler:
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
         self._leaf_cache: dict = {}
         self.last_trace: list = []
+        self.last_forks = 0
         self._in_step = False
 
     # ------------------------------------------------------------------ the step
@@ -152,6 +153,7 @@ class Scheduler:
         self._forked = set()     # ring streams that joined this step (and must be joined back)
         self._seg_leaves = {}
         self.last_trace = []
+        self.last_forks = 0      # detach points of this step whose next segment moved to another stream
         _local.active = self
         self._in_step = True
         caller = self._caller = None
@@ -223,6 +225,7 @@ class Scheduler:
             return out
         self._bwd_events[seg] = self._record("bwd", seg, cur)
         if nk != k:
+            self.last_forks += 1
             s_next = self._ring_stream(nk)
             s_next.wait_event(fwd_done)
             self._forked.add(nk)

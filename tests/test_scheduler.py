@@ -320,6 +320,7 @@ def test_adaptive_plan_on_fake_streams(monkeypatch, share):
         model(x, y)
     fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
     assert fwd == [0, 1, 1, 1, "caller"], sched.last_trace
+    assert sched.last_forks == 1
     bwd = {e[1]: e[3] for e in sched.last_trace if e[0] == "bwd"}
     assert bwd[2] == ((0,) if share else ()), sched.last_trace  # segment 2 (inline, s1) after 0's backward
     # inline segments 1 and 2 record nothing: events only at step start, the fork at 0, and the final head
@@ -335,4 +336,5 @@ def test_adaptive_plan_on_fake_streams(monkeypatch, share):
     with sched.step():
         model(x, y)
     assert [e[2] for e in sched.last_trace if e[0] == "fwd"] == [0, 1, 2, 3, "caller"]
+    assert sched.last_forks == 3
     assert_same_grads(grads(model), ref)
