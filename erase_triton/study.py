@@ -348,7 +348,8 @@ def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
 
 def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), only: str | None = None) -> list[dict]:
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
-    eagerly: the small transformer (overlap) and a saturating MLP (nothing to overlap).
+    eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
+    w512 b4096 MLP with fused and with PyTorch heads.
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .models.mlp import MLPChain
     from .plots import plot_timeline
@@ -361,6 +362,11 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
                ("mlp_w4096_b32768_saturating", lambda: (MLPChain(4096, device="cuda", dtype=torch.bfloat16),
                                                          (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
                                                           torch.rand(32768, device="cuda").round().bfloat16())))]
+    for heads in ("fused", "torch"):  # a size where the fused heads gain little (bench_schedule, graphed)
+        configs.append((f"mlp_w512_b4096_{heads}_heads", lambda heads=heads: (
+            MLPChain(512, backend="auto" if heads == "fused" else "torch", device="cuda", dtype=torch.bfloat16),
+            (torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16),
+             torch.rand(4096, device="cuda").round().bfloat16()))))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
