@@ -32,9 +32,17 @@ class SideStreamScheduler(Scheduler):
     """A Scheduler whose whole step runs on a side stream: what erase pays for leaving the
     caller's (default) stream, apart from forking."""
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._side = torch.cuda.Stream() if torch.cuda.is_available() else None
+
     @contextlib.contextmanager
     def step(self):
-        side = self.__dict__.setdefault("_side", torch.cuda.Stream())
+        side = self._side
+        if side is None:  # no CUDA: nothing to switch
+            with super().step():
+                yield self
+            return
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), super().step():
             yield self
@@ -69,6 +77,8 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
                     variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
+                    home = variants[("erase", "caller-home")] = Scheduler("erase")  # start on the caller when idle
+                    home._home_caller = True
                 res = time_eager_modes(model, inputs, variants)
                 for (mode, streams), (ms, peak, host_ms) in res.items():
                     row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
@@ -113,7 +123,7 @@ def summarize(rows):
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
-        for variant in ("always-fork", "side-stream", "again"):
+        for variant in ("always-fork", "side-stream", "again", "caller-home"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
             if ms:
                 s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
@@ -157,7 +167,8 @@ def main():
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
-                       "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq", "eager_host_ms_erase"])
+                       "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_caller_home_vs_seq", "eager_host_ms_seq",
+                       "eager_host_ms_erase"])
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ class Scheduler:
         self._leaf_cache: dict = {}
         self.last_trace: list = []
         self.last_forks = 0
+        self._home_caller = False  # experimental (bench_schedule's "caller-home" variant)
         self._in_step = False
 
     # ------------------------------------------------------------------ the step
@@ -162,11 +163,16 @@ class Scheduler:
             if self._on_streams:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                s0 = self._ring_stream(0)
-                s0.wait_event(self._record("start", 0, caller))
-                self._forked = {0}
-                torch.cuda.set_stream(s0)
-            self.last_trace.append(("fwd", 0, self._plan.stream_of(0)))
+                if self._home_caller and self.adaptive and not self._capturing and caller.query():
+                    # (experimental) the GPU waits on the host: start on the caller's stream
+                    # (ring index -1); the first fork moves on to ring stream 0
+                    self._k = -1
+                else:
+                    s0 = self._ring_stream(0)
+                    s0.wait_event(self._record("start", 0, caller))
+                    self._forked = {0}
+                    torch.cuda.set_stream(s0)
+            self.last_trace.append(("fwd", 0, "caller" if self._k == -1 else self._plan.stream_of(0)))
             yield self
         finally:
             try:
@@ -193,7 +199,7 @@ class Scheduler:
             self._leaf_cache[key] = leaves
         streams = self._on_streams
         k = self._k
-        cur = self._streams[k] if streams else None
+        cur = (self._caller if k == -1 else self._streams[k]) if streams else None
         # Adaptive: a stream with nothing left to run (query: no sync) means the host is the
         # bottleneck and nothing would overlap; stay on it and do what sequential does.
         inline = (streams and self.adaptive and not head.final and not self._capturing and cur.query())
@@ -204,9 +210,9 @@ class Scheduler:
             # stream starts behind the next fork's event, recorded after this backward.
             self._seg_leaves[seg] = (k, leaves)
         nk = plan.next_stream(k, fork)
-        self.last_trace.append(("bwd", seg, k, tuple(after)))
+        self.last_trace.append(("bwd", seg, "caller" if k == -1 else k, tuple(after)))
         nxt = seg + 1
-        self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
+        self.last_trace.append(("fwd", nxt, "caller" if head.final or nk == -1 else nk))
         self._seg, self._k = nxt, nk
         if not streams:
             return _labelled(head, h, target, seg)

@@ -338,3 +338,27 @@ def test_adaptive_plan_on_fake_streams(monkeypatch, share):
     assert [e[2] for e in sched.last_trace if e[0] == "fwd"] == [0, 1, 2, 3, "caller"]
     assert sched.last_forks == 3
     assert_same_grads(grads(model), ref)
+
+
+def test_caller_home_plan_on_fake_streams(monkeypatch):
+    # (experimental _home_caller) an idle caller at step start keeps segment 0 on the caller's
+    # stream: no start event, no stream switch; a busy detach point then forks onto the ring.
+    torch.manual_seed(0)
+    model = Chain()
+    for hd in model.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    ref = detached_reference(copy.deepcopy(model), x, y)
+    answers = iter([False, True])  # caller: idle at step start, busy at the first detach point
+
+    log = _fake_cuda(monkeypatch, lambda name: next(answers) if name == "caller" else False)
+    sched = Scheduler("erase")
+    sched._home_caller = True
+    with sched.step():
+        model(x, y)
+    fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
+    assert fwd == ["caller", 0, 0, 0, "caller"], sched.last_trace
+    assert sched.last_forks == 1
+    assert log[0] == ("record", "caller"), log  # the fork's forward event: no start event before it
+    assert ("set", "s0") in log and log[-1] == ("set", "caller")
+    assert_same_grads(grads(model), ref)
