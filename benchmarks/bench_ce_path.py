@@ -5,13 +5,10 @@ transformer's head shapes, on the whole device and at occupancy 1/8 (beside the 
 
     python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--vocab-only]
     python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_vocab_tiles.csv
-    python benchmarks/bench_ce_path.py --store-z --out benchmarks/results/ce_store_z.csv
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
 variant is checked against the float64 reference first. --tiles: a tile grid of the
 vocabulary kernel (block_n x block_v x block_d x warps) at the transformer's head shapes.
---store-z: the vocabulary kernel with its logits kept between phases (STORE_Z, the default
-where N*C <= STORE_Z_MAX_ELEMENTS) against recomputing them, at occupancy 1, 1/4 and 1/8.
 """
 from __future__ import annotations
 
@@ -35,12 +32,8 @@ DENSE_TILES = [None, LaunchConfig(block_n=16, block_d=64, num_warps=4), LaunchCo
                LaunchConfig(block_n=32, block_d=128, num_warps=8)]
 
 
-STORE_Z_DEFAULT = lh.STORE_Z_MAX_ELEMENTS
-
-
-def use_path(dense_max_c: int, store_z_max=STORE_Z_DEFAULT):
+def use_path(dense_max_c: int):
     lh.DENSE_CE_MAX_C = dense_max_c
-    lh.STORE_Z_MAX_ELEMENTS = store_z_max
     _clear_plans()
 
 
@@ -55,14 +48,10 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
     ap.add_argument("--vocab-only", action="store_true", help="skip the dense-kernel variants")
     ap.add_argument("--tiles", action="store_true", help="tile grid of the vocabulary kernel (transformer shapes)")
-    ap.add_argument("--store-z", action="store_true",
-                    help="vocabulary kernel with logits stored between phases (default where N*C is small) vs recomputed")
     args = ap.parse_args()
     meta = metadata()
     rows = []
     shapes = [(4096, 256, 256), (8192, 512, 256)] if args.tiles else SHAPES
-    if args.store_z:
-        shapes = SHAPES + [(4096, 256, 1024), (16384, 256, 256), (4096, 64, 256)]
     for N, D, C in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         h = torch.randn(N, D, device="cuda", generator=g).bfloat16()
@@ -78,14 +67,9 @@ def main():
             loss.backward()
         rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
         print(rows[-1], flush=True)
-        paths = (("vocab", 64, STORE_Z_DEFAULT),)
-        if args.store_z:
-            paths += (("vocab recompute", 64, None),)
-        elif not (args.vocab_only or args.tiles):
-            paths += (("dense", 1 << 20, STORE_Z_DEFAULT),)
-        for path, max_c, store_max in paths:
-            use_path(max_c, store_max)
-            for occ in ((None, 0.25, 0.125) if args.store_z else (None, 0.125)):
+        for path, max_c in (("vocab", 64),) + (() if args.vocab_only or args.tiles else (("dense", 1 << 20),)):
+            use_path(max_c)
+            for occ in (None, 0.125):
                 tiles = DENSE_TILES if path == "dense" else ([None] + VOCAB_TILES if args.tiles else [None])
                 for t in tiles:
                     cfg = LaunchConfig(occupancy=occ) if t is None else LaunchConfig(

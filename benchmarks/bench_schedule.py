@@ -67,7 +67,7 @@ def measure(model, inputs, mode, graphed, streams=None):
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40):
     for desc, build in cases:
         for heads in ("torch", "fused"):
             if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
@@ -77,9 +77,7 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True)):
                     variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
-                    home = variants[("erase", "caller-home")] = Scheduler("erase")  # start on the caller when idle
-                    home._home_caller = True
-                res = time_eager_modes(model, inputs, variants)
+                res = time_eager_modes(model, inputs, variants, iters=iters)
                 for (mode, streams), (ms, peak, host_ms) in res.items():
                     row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
                                host_ms=host_ms, forks=variants[(mode, streams)].last_forks)  # in the last step
@@ -123,7 +121,7 @@ def summarize(rows):
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
-        for variant in ("always-fork", "side-stream", "again", "caller-home"):
+        for variant in ("always-fork", "side-stream", "again"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
             if ms:
                 s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
@@ -142,7 +140,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-width", type=int, default=None, help="only configs up to this width")
     ap.add_argument("--exec", default="both", choices=["both", "eager", "graph"], help="eager steps, graphed, or both")
+    ap.add_argument("--occupancy", default="auto", help="the fused heads' occupancy: auto (default) or a fraction")
+    ap.add_argument("--iters", type=int, default=40, help="eager rounds (every variant once a round)")
     args = ap.parse_args()
+    occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -153,21 +154,21 @@ def main():
         cfgs = [c for c in cfgs if args.max_width is None or c[0] <= args.max_width]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
-                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname),
-                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads)))
+                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy),
+                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
-            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16"),
-                          lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads)))
+            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy),
+                          lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
-    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs)
+    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters)
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
-                       "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_caller_home_vs_seq", "eager_host_ms_seq",
+                       "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 
 

@@ -13,12 +13,15 @@
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
-              adaptive=True (default) forks only when the GPU is behind: if, at a
-              detach point, the segment's stream has already run everything queued on
-              it, the host is the bottleneck and a fork would only add stream calls, so
-              the backward and the next segment stay on that stream (no events either).
-              Every detach point forks under CUDA-graph capture. Either way the math
-              (and the heads' occupancy) is the same: only the streams differ.
+              adaptive=True (default) forks only when the GPU is behind: a step that
+              finds the caller's stream idle starts on it (no stream switch, no event),
+              and if, at a detach point, the segment's stream has already run everything
+              queued on it, the host is the bottleneck and a fork would only add stream
+              calls, so the backward and the next segment stay on that stream (no events
+              either). Every detach point forks under CUDA-graph capture. Either way the
+              math (and the heads' occupancy) is the same: only the streams differ.
+              (From the legacy default stream, the first fork's backward still serialises
+              with the next segment: that stream synchronises with all others.)
 
 Put the optimizer step after a `final=True` head (where the ring is joined back into the
 caller's stream) or after the context; a step with no final head joins only at exit.
@@ -114,7 +117,6 @@ class Scheduler:
         self._leaf_cache: dict = {}
         self.last_trace: list = []
         self.last_forks = 0
-        self._home_caller = False  # experimental (bench_schedule's "caller-home" variant)
         self._in_step = False
 
     # ------------------------------------------------------------------ the step
@@ -163,9 +165,10 @@ class Scheduler:
             if self._on_streams:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                if self._home_caller and self.adaptive and not self._capturing and caller.query():
-                    # (experimental) the GPU waits on the host: start on the caller's stream
-                    # (ring index -1); the first fork moves on to ring stream 0
+                if self.adaptive and not self._capturing and caller.query():
+                    # The GPU waits on the host: start on the caller's stream (ring index -1), so
+                    # a step whose detach points all find their stream idle is exactly a
+                    # sequential step; the first fork moves on to ring stream 0.
                     self._k = -1
                 else:
                     s0 = self._ring_stream(0)

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import platform
+import random
 import statistics
 import time
 
@@ -177,11 +178,13 @@ def _peak_mb(run) -> float:
 
 
 def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3) -> dict:
-    """Eager steps of several schedules, interleaved (A B C A B C ...) on one model.
+    """Eager steps of several schedules, interleaved on one model (every round runs each
+    variant once, in a shuffled order: A C B, B A C, ...).
 
     variants: {name: Scheduler}. An eager step is host-bound at small sizes, and the
     host's speed drifts over seconds, so modes timed one after another differ by more
-    than the modes themselves; interleaving gives each the same drift. Returns
+    than the modes themselves; interleaving gives each the same drift, and shuffling
+    each round removes a bias from the position in it. Returns
     {name: (median ms from CUDA events, peak MB of one step, median host ms to issue
     one step)}; host ms close to the event ms means the step is host-bound.
     """
@@ -192,8 +195,11 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
     peak = {name: _peak_mb(run) if cuda else float("nan") for name, run in runs.items()}
     ev = {name: [] for name in runs}
     host = {name: [] for name in runs}
+    order, rng = list(runs), random.Random(0)
     for _ in range(iters):
-        for name, run in runs.items():
+        rng.shuffle(order)
+        for name in order:
+            run = runs[name]
             if cuda:
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()

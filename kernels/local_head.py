@@ -41,9 +41,6 @@ MAX_DENSE_C = 64
 # above it, the vocabulary kernel. The threshold is measured (benchmarks/bench_ce_path.py).
 DENSE_CE_MAX_C = 64
 MAX_VOCAB = 131072
-# The vocabulary kernel stores the logits (fp32) between its phases, instead of recomputing
-# them in phase B, when N * C is at most this (32 MB of workspace); None never stores them.
-STORE_Z_MAX_ELEMENTS: int | None = 1 << 23
 
 # Counter slots in the int32 workspace (the kernels index ctr_ptr + slot):
 #   0/1 claim/done of phase 0 (count targets), 2/3 phase A, 4/5 phase B, 6 claim of phase R,
@@ -363,15 +360,14 @@ def _vocab_ce_kernel(
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
     ws_ptr,       # fp32 workspace: lse [N] | loss per row tile [n_tiles] | group rows [G, stride_g] (G > 1)
-                  #   | logits [N, C] (STORE_Z)
     acc_ptr,      # unused here (the dense kernel's ATOMIC accumulator; same launch signature)
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
     n_tiles, n_groups, tiles_per_group, n_programs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, STORE_Z: tl.constexpr, DOT_FP32: tl.constexpr,
-    PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    N_CTR: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
@@ -380,9 +376,6 @@ def _vocab_ce_kernel(
     lse_ptr = ws_ptr
     part_l_ptr = ws_ptr + N
     part_ptr = ws_ptr + N + n_tiles
-    # STORE_Z (small vocabularies): phase A keeps the logits, phase B reads them instead of
-    # recomputing h W^T (one of its two GEMMs)
-    z_ptr = part_ptr + tl.where(n_groups > 1, n_groups * stride_g, 0).to(tl.int64)
     n_dc = tl.cdiv(D, BLOCK_DC)
     n_v = tl.cdiv(C, BLOCK_V)
 
@@ -407,9 +400,6 @@ def _vocab_ce_kernel(
             m_v = o_v < C
             b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
                                HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
-            if STORE_Z:
-                if dc == 0:
-                    tl.store(z_ptr + o_n[:, None] * C + o_v[None, :], b_z, mask=m_n[:, None] & m_v[None, :])
             b_z = tl.where(m_v[None, :], b_z, float("-inf"))
             b_zt += tl.sum(tl.where(o_v[None, :] == b_t[:, None], b_z, 0.0), axis=1)
             b_mnew = tl.maximum(b_m, tl.max(b_z, axis=1))
@@ -454,12 +444,8 @@ def _vocab_ce_kernel(
             b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
             m_row = m_n & (b_t != ignore_index)
             b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-            if STORE_Z:
-                b_z = tl.load(z_ptr + o_n[:, None] * C + o_v[None, :], mask=m_n[:, None] & m_v[None, :], other=0.0,
-                              cache_modifier=".cg")
-            else:
-                b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
-                                   HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
+            b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
+                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
             b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
             b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * scale, 0.0)
             b_hd = tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :], other=0.0)
@@ -576,11 +562,19 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     br = 16 if C * D <= 65536 else 64
     # Not deterministic: float atomics replace the barrier and phase R where the weight fits
     # one tile; the last program then copies the C*D + C + 1 sums out in chunks of BLOCK_R.
+    # In atomic mode no barrier waits on other programs, so the row tiles can be split statically
+    # (STRIDED: tiles p, p+P, ... in one pipelined loop, no claims), and the end-of-kernel atomics
+    # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
+    # program out sums the copies in 4 x 512 loads). LaunchConfig(group_tiles=k) keeps claimed
+    # groups of k tiles instead of the static split. H200, BCE D=1024 bf16
+    # (tune_dense_head_fixed_s5.csv): N=65536 76.2 vs 78.3-78.5 us with claimed groups and one
+    # accumulator; N=8192 13.9 vs 16.7-16.8 us; N=1024 D=256 5.9 vs 6.5-6.6 us.
     atomic = not deterministic and bd >= D
     if atomic:
-        br = min(4096, next_pow2(C * D + C + 1))
+        br = 512
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
-                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=False, ACC_COPIES=1,
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=atomic and not cfg.group_tiles,
+                ACC_COPIES=4 if atomic else 1,
                 num_warps=cfg.num_warps or warps)
 
 
@@ -596,7 +590,7 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
     # small at low occupancy): 8 group rows x 512 columns a load. With 64 x 64 a C=256 D=256 head
     # at occupancy 1/8 (16 programs, G = 8) took 1028 latency-bound items, 64 rounds a program.
     return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=8, BLOCK_R=512,
-                STORE_Z=False, num_warps=cfg.num_warps or 8)
+                num_warps=cfg.num_warps or 8)
 
 
 class _Plan:
@@ -618,16 +612,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
-          deterministic: bool = True, store_z: bool = False) -> _Plan:
-    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
-           store_z)
+          deterministic: bool = True) -> _Plan:
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
     p = _PLANS.get(key)
     if p is not None:
         return p
     dense = loss != "ce" or C <= DENSE_CE_MAX_C
     blk = _dense_blocks(D, C, cfg, cuda, deterministic) if dense else _vocab_blocks(D, cfg, cuda)
-    if not dense and store_z:
-        blk["STORE_Z"] = True
     num_warps = blk.pop("num_warps")
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR, **blk)
     if dense:
@@ -727,11 +718,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if not dot_fp32 and h2.dtype == torch.float32:
         precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
-    # vocabulary kernel: keep the logits between its phases while they take little memory (a
-    # second plan, so crossing the bound compiles once more; the rows count is not in the key)
-    store_z = STORE_Z_MAX_ELEMENTS is not None and N * C <= STORE_Z_MAX_ELEMENTS
-    plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
-                 store_z)
+    plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
     cx = plan.constexprs
     if plan.dense and cx["STRIDED"] and not cx["ATOMIC"]:
         # a static tile split needs no claims only where no grid barrier waits on other programs
@@ -755,11 +742,6 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             tpg = 1
         elif cfg.group_tiles:
             tpg = cfg.group_tiles
-        elif cx["ATOMIC"]:
-            # groups are claimed, and partials stay per program: smaller groups balance the
-            # programs' finishing times at no reduction cost (H200: BCE N=65536 D=1024 bf16
-            # 78.5 us at one group a program, 77.2 at 4 tiles a group; tune_dense_head_fixed.csv)
-            tpg = min(even, max(2, even // 4))
         else:
             tpg = even
         G = _cdiv(n_tiles, tpg)
@@ -781,7 +763,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         tpg = _cdiv(n_tiles, G)
         G = _cdiv(n_tiles, tpg)
         P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
-        n_buf = N + n_tiles + (G * stride_g if G > 1 else 0) + (N * C if cx["STORE_Z"] else 0)
+        n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
         n_acc = 0
     hl = HeadLaunch()
     hl.plan, hl.device = plan, dev

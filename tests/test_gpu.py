@@ -199,8 +199,10 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
     # GPU idle: later detach points may stay on one stream; the gradients are the same
     sched = Scheduler("erase")
     model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
     with sched.step():
         model(x, y)
+    assert sched.last_trace[0] == ("fwd", 0, "caller")  # an idle caller keeps segment 0: no stream switch
     for k, p in model.named_parameters():
         assert torch.equal(p.grad, grads[True][k]), k
 
