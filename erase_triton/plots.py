@@ -113,7 +113,9 @@ def plot_schedule(rows: list[dict], path: str):
     labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}" for r in rs]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 4))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
-              ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"), ("eager_erase_vs_seq", "erase / sequential (eager)")]
+              ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"), ("eager_erase_vs_seq", "erase / sequential (eager)"),
+              ("eager_again_vs_seq", "sequential / sequential again (eager A/A: the noise)")]
+    series = [(k, lab) for k, lab in series if any(r.get(k) not in ("", None, "nan") for r in rs)]
     w = 0.8 / len(series)
     for i, (k, lab) in enumerate(series):
         ax.bar([j + i * w for j in range(len(rs))], [_f(r, k) for r in rs], w, label=lab)
@@ -245,7 +247,7 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     out = os.path.join(folder, stem + ".png")
     if {"path", "tiles", "us"} <= cols:
         plot_ce_path(rows, out)
-    elif {"occupancy", "streams", "ms"} <= cols:
+    elif {"occupancy", "streams", "ms"} <= cols and "heads" not in cols:
         plot_sweep(rows, out)
     elif "graph_erase_vs_seq" in cols:
         plot_schedule(rows, out)

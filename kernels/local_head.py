@@ -16,9 +16,10 @@ every claimed item belongs to a program that is already running, the barrier can
 deadlock even when only part of the grid is resident (e.g. beside a GEMM on another
 stream). Deterministic launches sum the grad_W/grad_b/loss partials in a fixed order
 after the barrier, so results are bitwise reproducible. Otherwise (ATOMIC, dense kernel
-with the weight in one tile) each program adds its partials into a zeroed fp32
-accumulator with float atomics and the last program out writes the outputs: no barrier
-and no reduction phase. `LaunchConfig.deterministic` chooses (None follows PyTorch's flag).
+with the weight in one tile) each program takes a static stride of row tiles, adds its
+partials into one of ACC_COPIES zeroed fp32 accumulators with float atomics, and the last
+program out sums the copies and writes the outputs: no claims, no barrier and no
+reduction phase. `LaunchConfig.deterministic` chooses (None follows PyTorch's flag).
 
 Counters live in a small per-stream int32 workspace; the last program to exit
 resets them, so consecutive launches on one stream need no memset.
