@@ -13,8 +13,8 @@
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
-              adaptive=True (default) forks only when the GPU is behind: a step that
-              finds the caller's stream idle starts on it (no stream switch, no event),
+              adaptive=True (default) forks only when the GPU is behind: a step after
+              one that never forked starts on the caller's stream (no switch, no event),
               and if, at a detach point, the segment's stream has already run everything
               queued on it, the host is the bottleneck and a fork would only add stream
               calls, so the backward and the next segment stay on that stream (no events
@@ -156,19 +156,21 @@ class Scheduler:
         self._forked = set()     # ring streams that joined this step (and must be joined back)
         self._seg_leaves = {}
         self.last_trace = []
-        self.last_forks = 0      # detach points of this step whose next segment moved to another stream
         _local.active = self
         self._in_step = True
         caller = self._caller = None
         self._on_streams = self._use_streams()
+        prev_forks, self.last_forks = self.last_forks, 0  # detach points of this step that forked
         try:
             if self._on_streams:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                if self.adaptive and not self._capturing and caller.query():
-                    # The GPU waits on the host: start on the caller's stream (ring index -1), so
-                    # a step whose detach points all find their stream idle is exactly a
-                    # sequential step; the first fork moves on to ring stream 0.
+                if self.adaptive and not self._capturing and prev_forks == 0:
+                    # The previous step never found the GPU behind (or this is the first): start
+                    # on the caller's stream (ring index -1), so a step whose detach points all
+                    # find their stream idle is exactly a sequential step; the first fork moves
+                    # on to ring stream 0. (Asking the caller's stream instead finds it busy with
+                    # the previous step's optimizer kernels, issued microseconds before.)
                     self._k = -1
                 else:
                     s0 = self._ring_stream(0)

@@ -191,7 +191,9 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
         with sched.step():
             model(x, y)
         fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
-        assert fwd == [0, 1, 2, 3, 4, 5, "caller"], sched.last_trace
+        # every detach point forks; an adaptive step after one that did not fork starts on the caller
+        assert fwd in ([0, 1, 2, 3, 4, 5, "caller"], ["caller", 0, 1, 2, 3, 4, "caller"]), sched.last_trace
+        assert sched.last_forks == 5
         grads[adaptive] = {k: p.grad.clone() for k, p in model.named_parameters()}
         torch.cuda.synchronize()
     for k in grads[True]:
@@ -202,7 +204,7 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
     torch.cuda.synchronize()
     with sched.step():
         model(x, y)
-    assert sched.last_trace[0] == ("fwd", 0, "caller")  # an idle caller keeps segment 0: no stream switch
+    assert sched.last_trace[0] == ("fwd", 0, "caller")  # a first step starts on the caller: no stream switch
     for k, p in model.named_parameters():
         assert torch.equal(p.grad, grads[True][k]), k
 
