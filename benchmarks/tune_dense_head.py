@@ -8,10 +8,10 @@ by default at N=65536 (the issue's anchor: 268 MB moved) and N=8192 (mostly fixe
 grid barrier, fixed-order reduction, launch); --shapes picks others. Every variant is
 checked against the default launch before its time counts. Grid: block_n x num_warps x
 num_stages (--small: five candidate rules). --fixed: levers on the fixed cost of a call
-(the phase-R load shape, deterministic=False's float atomics in place of phase R, with
-smaller dynamically claimed row groups, atomic-mode tiles), beside a plain copy of h.
-The committed CSVs also hold an EVICT cache-hint variant (h evict-first, grad_h
-streaming stores), slower in all three runs and since removed from the kernel.
+(the phase-R load shape, deterministic=False's float atomics in place of phase R, claimed
+row groups, atomic-mode tiles, the static tile stride and the accumulator copies), beside
+a plain copy of h. The committed session-4 CSVs also hold an EVICT cache-hint variant (h
+evict-first, grad_h streaming stores), slower in all three runs and since removed.
 """
 from __future__ import annotations
 
@@ -62,12 +62,14 @@ FIXED = [  # (name, LaunchConfig or None, constexpr overrides)
     ("atomic gt8", LaunchConfig(deterministic=False, group_tiles=8), {}),
 ] + [(f"atomic bn={bn},nw={nw},st={st}", LaunchConfig(deterministic=False, block_n=bn, num_warps=nw, num_stages=st), {})
      for bn, nw, st in [(8, 2, 3), (4, 2, 2), (4, 4, 3), (16, 4, 2), (8, 4, 2), (16, 4, 3), (2, 1, 3), (4, 1, 2)]] + [
-    # session 5: a static tile stride (no claims, one pipelined loop a program) and K accumulator copies
-    ("atomic strided", None, dict(STRIDED=True)),
-    ("atomic copies4", None, dict(ACC_COPIES=4, BLOCK_R=512)),
-    ("atomic strided copies4", None, dict(STRIDED=True, ACC_COPIES=4, BLOCK_R=512)),
-    ("atomic strided copies8", None, dict(STRIDED=True, ACC_COPIES=8, BLOCK_R=256)),
-    ("atomic strided st3", LaunchConfig(num_stages=3), dict(STRIDED=True)),
+    # session 5: the atomic default is a static tile stride (no claims) with 4 accumulator copies;
+    # each lever taken away, and two more (tune_dense_head_fixed_s5a.csv ran before they became the
+    # default, under the names "atomic strided", "atomic copies4", "atomic strided copies4")
+    ("atomic claimed, 1 copy", None, dict(STRIDED=False, ACC_COPIES=1)),
+    ("atomic strided, 1 copy", None, dict(ACC_COPIES=1)),
+    ("atomic claimed, 4 copies", None, dict(STRIDED=False)),
+    ("atomic strided copies8", None, dict(ACC_COPIES=8, BLOCK_R=256)),
+    ("atomic strided st3", LaunchConfig(num_stages=3), {}),
     ("default again", None, {})]  # run-to-run drift of the machine over the study
 
 

@@ -568,7 +568,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
     # program out sums the copies in 4 x 512 loads). LaunchConfig(group_tiles=k) keeps claimed
     # groups of k tiles instead of the static split. H200, BCE D=1024 bf16
-    # (tune_dense_head_fixed_s5.csv): N=65536 76.2 vs 78.3-78.5 us with claimed groups and one
+    # (tune_dense_head_fixed_s5a.csv, _s5b.csv): N=65536 76.2-77.1 vs 78.3-78.5 us with claimed groups and one
     # accumulator; N=8192 13.9 vs 16.7-16.8 us; N=1024 D=256 5.9 vs 6.5-6.6 us.
     atomic = not deterministic and bd >= D
     if atomic:
