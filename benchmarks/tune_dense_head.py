@@ -40,7 +40,10 @@ def _clear_plans():
 
 @contextlib.contextmanager
 def blocks_override(**kw):
-    """Launch the dense kernel with some of its constexprs (BLOCK_G, BLOCK_R) replaced."""
+    """Launch the dense kernel with some of its constexprs (BLOCK_G, BLOCK_R, ...) replaced."""
+    if not kw:
+        yield
+        return
     orig = lh._dense_blocks
     lh._dense_blocks = lambda *a: {**orig(*a), **kw}
     _clear_plans()
@@ -107,6 +110,26 @@ def bce_anchor(N, D, bw):
     return h, w, b, y, 2 * N * D * 2 / (bw * 1e9) * 1e6
 
 
+def measure_variant(row, h, w, b, y, base, floor_us, cfg, over=None):
+    """Fill row with one launch variant's grid, registers, agreement with `base` (the default
+    launch's outputs) and kernel time; a variant that fails records its error instead."""
+    try:
+        with blocks_override(**(over or {})):
+            res = fused_local_head(h, w, b, y, config=cfg)
+            hl = list(fn._FAST.values())[-1][0]
+            row.update(P=hl.P, groups=hl.ints[8], n_regs=getattr(hl.compiled, "n_regs", None),
+                       n_spills=getattr(hl.compiled, "n_spills", None))
+            row["matches_default"] = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=1e-5)
+                                         for o, r in zip(res, base))
+            row["bitwise_default"] = all(torch.equal(o, r) for o, r in zip(res, base))
+            us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
+            row.update(us=us, pct_of_floor=100 * floor_us / us)
+    except Exception as ex:  # one variant that fails (does not compile or fit) must not lose the rest
+        row["error"] = repr(ex)[:200]
+    print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return row
+
+
 def fixed_study(N, D, bw):
     h, w, b, y, floor_us = bce_anchor(N, D, bw)
     out = torch.empty_like(h)
@@ -114,31 +137,8 @@ def fixed_study(N, D, bw):
     rows = [dict(N=N, D=D, variant="torch copy of h", floor_us=floor_us, us=copy_us, pct_of_floor=100 * floor_us / copy_us)]
     base = fused_local_head(h, w, b, y)
     for name, cfg, over in FIXED:
-        row = dict(N=N, D=D, variant=name, floor_us=floor_us)
-        try:
-            with blocks_override(**over):
-                res = fused_local_head(h, w, b, y, config=cfg)
-                hl = list(fn._FAST.values())[-1][0]
-                row.update(P=hl.P, groups=hl.ints[8])
-                ck = hl.plan.kernel.warmup(*_warm_args(hl, h, w, b, y), grid=(hl.P,), num_warps=hl.plan.num_warps,
-                                           **hl.plan.constexprs)
-                row.update(n_regs=getattr(ck, "n_regs", None), n_spills=getattr(ck, "n_spills", None))
-                exact = all(torch.equal(o, r) for o, r in zip(res, base))
-                row["matches_default"] = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=1e-5)
-                                             for o, r in zip(res, base))
-                row["bitwise_default"] = exact
-                us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
-                row.update(us=us, pct_of_floor=100 * floor_us / us)
-        except Exception as ex:  # one variant that fails must not lose the rest
-            row["error"] = repr(ex)[:200]
-        rows.append(row)
-        print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        rows.append(measure_variant(dict(N=N, D=D, variant=name, floor_us=floor_us), h, w, b, y, base, floor_us, cfg, over))
     return rows
-
-
-def _warm_args(hl, h, w, b, y):
-    ws = lh._workspace(h.device)
-    return (h, w, b, y, h.dtype, w, b, torch.float32, torch.float32, torch.float32, ws.ctr, *hl.ints)
 
 
 def main():
@@ -180,19 +180,7 @@ def main():
         for cfg in grid:
             name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}" + \
                 (f",gt={cfg.group_tiles}" if cfg.group_tiles else "")
-            row = dict(N=N, D=D, variant=name, floor_us=floor_us)
-            try:
-                out = fused_local_head(h, w, b, y, config=cfg)
-                hl = list(fn._FAST.values())[-1][0]
-                row.update(P=hl.P, groups=hl.ints[8])
-                ok = all(torch.allclose(o.float(), r.float(), rtol=2e-2, atol=1e-5) for o, r in zip(out, base))
-                row["matches_default"] = ok
-                us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
-                row.update(us=us, pct_of_floor=100 * floor_us / us)
-            except Exception as ex:  # a variant that does not compile/fit must not lose the rest
-                row["error"] = repr(ex)[:160]
-            rows.append(row)
-            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            rows.append(measure_variant(dict(N=N, D=D, variant=name, floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
     write_csv(args.out, rows, meta)
     if args.fixed:
         print_table(rows, ["N", "D", "variant", "P", "n_regs", "n_spills", "us", "floor_us", "pct_of_floor",

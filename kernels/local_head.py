@@ -562,8 +562,8 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     # items, so the fixed-order sum is spread over the grid instead of a few programs.
     br = 16 if C * D <= 65536 else 64
     # Not deterministic: float atomics replace the barrier and phase R where the weight fits
-    # one tile; the last program then copies the C*D + C + 1 sums out in chunks of BLOCK_R.
-    # In atomic mode no barrier waits on other programs, so the row tiles can be split statically
+    # one tile; the last program then writes the C*D + C + 1 sums out in chunks of BLOCK_R.
+    # With no barrier waiting on other programs, the row tiles can be split statically
     # (STRIDED: tiles p, p+P, ... in one pipelined loop, no claims), and the end-of-kernel atomics
     # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
     # program out sums the copies in 4 x 512 loads). LaunchConfig(group_tiles=k) keeps claimed
@@ -654,7 +654,7 @@ class HeadLaunch:
     """
 
     __slots__ = ("plan", "device", "index", "n_buf", "n_acc", "P", "ints", "cx", "loss_like",
-                 "has_bias", "raw", "function", "packed", "coop", "pdl", "__weakref__")
+                 "has_bias", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
         """h: the rows with the strides this launch was prepared for (any leading shape).
@@ -738,13 +738,12 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
     if plan.dense:
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
-        even = _cdiv(n_tiles, min(p_occ, n_tiles))  # the tiles spread evenly, one group a program
         if cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
             tpg = 1
         elif cfg.group_tiles:
             tpg = cfg.group_tiles
-        else:
-            tpg = even
+        else:  # the tiles spread evenly, one group a program
+            tpg = _cdiv(n_tiles, min(p_occ, n_tiles))
         G = _cdiv(n_tiles, tpg)
         if cx["ATOMIC"]:
             P = min(p_occ, G)
@@ -771,10 +770,10 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
     hl.n_buf, hl.n_acc, hl.P, hl.has_bias, hl.cx = n_buf, n_acc, P, has_bias, tuple(cx.values())
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
-    hl.raw = None
+    hl.raw = hl.compiled = None
     if cuda:
         hl.index = _device_index(dev)
-        compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), num_warps=plan.num_warps, **cx)
-        _direct_launcher(hl, compiled)
+        hl.compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), num_warps=plan.num_warps, **cx)
+        _direct_launcher(hl, hl.compiled)
     return hl
 
