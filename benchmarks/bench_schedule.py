@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
-from erase_triton import Scheduler  # noqa: E402
+from erase_triton import LocalHead, Scheduler  # noqa: E402
 from erase_triton.models import MLPChain  # noqa: E402
 from erase_triton.study import time_eager_modes, time_step, transformer_workload  # noqa: E402
 
@@ -49,17 +49,40 @@ class SideStreamScheduler(Scheduler):
         torch.cuda.current_stream().wait_stream(side)
 
 
+class FreeHead(LocalHead):
+    """The bound on what any head implementation can buy: a head that costs nothing. It
+    back-propagates a constant gradient into its block (no logits, no loss, no head grads),
+    so a step with FreeHeads is the step's time with the heads' work removed."""
+
+    def apply_loss(self, h, target, beside=False):
+        g = getattr(self, "_free_grad", None)
+        if g is None or g.shape != h.shape or g.dtype != h.dtype:
+            g = self._free_grad = torch.full_like(h, 1e-4)
+        if h.requires_grad:
+            torch.autograd.backward(h, g)
+        return h.detach()
+
+
+def _heads(model, heads):
+    if heads == "free":
+        for hd in model.heads:
+            hd.__class__ = FreeHead
+    return model
+
+
 def mlp_case(width, batch, dtype, heads, occupancy="auto"):
     torch.manual_seed(0)
     model = MLPChain(width, backend="torch" if heads == "torch" else "auto", occupancy=occupancy,
                      device="cuda", dtype=dtype)
     x = torch.randn(batch, width, device="cuda", dtype=dtype)
     y = torch.rand(batch, device="cuda").round().to(dtype)
-    return model, (x, y)
+    return _heads(model, heads), (x, y)
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto"):
-    return transformer_workload(width, batch, seq, occupancy=occupancy, backend="torch" if heads == "torch" else "auto")
+    model, inputs = transformer_workload(width, batch, seq, occupancy=occupancy,
+                                         backend="torch" if heads == "torch" else "auto")
+    return _heads(model, heads), inputs
 
 
 def measure(model, inputs, mode, graphed, streams=None):
@@ -67,9 +90,18 @@ def measure(model, inputs, mode, graphed, streams=None):
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40):
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, free=False):
     for desc, build in cases:
-        for heads in ("torch", "fused"):
+        for heads in ("torch", "fused") + (("free",) if free else ()):
+            if heads == "free":  # graphed erase only: the bound for graph_fused_vs_torch_heads
+                if True in execs:
+                    model, inputs = build(heads)
+                    ms, peak = measure(model, inputs, "erase", True)
+                    row = dict(desc, heads=heads, exec="graph", mode="erase", streams="auto", ms=ms, peak_mb=peak)
+                    rows.append(row)
+                    print(row, flush=True)
+                    del model, inputs
+                continue
             if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
                 model, inputs = build(heads)
                 variants = {(m, "auto"): Scheduler(m) for m in MODES}
@@ -120,6 +152,9 @@ def summarize(rows):
             s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
+        # the most any head can buy: free (zero-cost) heads against PyTorch heads
+        s["graph_free_vs_torch_heads"] = g.get(("torch", "graph", "erase"), float("nan")) / \
+            g.get(("free", "graph", "erase"), float("nan"))
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
         for variant in ("always-fork", "side-stream", "again"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
@@ -142,6 +177,8 @@ def main():
     ap.add_argument("--exec", default="both", choices=["both", "eager", "graph"], help="eager steps, graphed, or both")
     ap.add_argument("--occupancy", default="auto", help="the fused heads' occupancy: auto (default) or a fraction")
     ap.add_argument("--iters", type=int, default=40, help="eager rounds (every variant once a round)")
+    ap.add_argument("--free-heads", action="store_true",
+                    help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
     args = ap.parse_args()
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
@@ -162,12 +199,13 @@ def main():
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
-    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters)
+    run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
+             free=args.free_heads)
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

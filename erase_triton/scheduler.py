@@ -13,13 +13,14 @@
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
-              adaptive=True (default) forks only when the GPU is behind: a step after
-              one that never forked starts on the caller's stream (no switch, no event),
-              and if, at a detach point, the segment's stream has already run everything
-              queued on it, the host is the bottleneck and a fork would only add stream
-              calls, so the backward and the next segment stay on that stream (no events
-              either). Every detach point forks under CUDA-graph capture. Either way the
-              math (and the heads' occupancy) is the same: only the streams differ.
+              adaptive=True (default) decides once a step, at entry, whether to fork: if
+              the previous step's work had already finished on the GPU when this step
+              begins (one event query, no sync), the host is the bottleneck and forks would
+              only add stream calls, so the step runs the sequential path on the caller's
+              stream (same kernels, same occupancy, no events); otherwise every detach
+              point forks. Every detach point forks under CUDA-graph capture, and the first
+              step (nothing to ask yet) runs sequentially. Either way the math is the same:
+              only the streams (and the heads' "auto" occupancy) differ.
               (From the legacy default stream, the first fork's backward still serialises
               with the next segment: that stream synchronises with all others.)
 
@@ -160,40 +161,46 @@ class Scheduler:
         self._in_step = True
         caller = self._caller = None
         self._on_streams = self._use_streams()
-        prev_forks, self.last_forks = self.last_forks, 0  # detach points of this step that forked
+        self.last_forks = 0  # detach points of this step that forked
+        self._seq_step = False
         try:
             if self._on_streams:
                 caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                if self.adaptive and not self._capturing and prev_forks == 0:
-                    # The previous step never found the GPU behind (or this is the first): start
-                    # on the caller's stream (ring index -1), so a step whose detach points all
-                    # find their stream idle is exactly a sequential step; the first fork moves
-                    # on to ring stream 0. (Asking the caller's stream instead finds it busy with
-                    # the previous step's optimizer kernels, issued microseconds before.)
-                    self._k = -1
+                if self.adaptive and not self._capturing and self._gpu_caught_up():
+                    # The GPU finished the previous step before the host began this one: the host
+                    # is the bottleneck, nothing would overlap. Run exactly what sequential runs.
+                    self._seq_step = True
                 else:
                     s0 = self._ring_stream(0)
                     s0.wait_event(self._record("start", 0, caller))
                     self._forked = {0}
                     torch.cuda.set_stream(s0)
-            self.last_trace.append(("fwd", 0, "caller" if self._k == -1 else self._plan.stream_of(0)))
+            self.last_trace.append(("fwd", 0, "caller" if self._seq_step else self._plan.stream_of(0)))
             yield self
         finally:
             try:
                 if caller is not None:
-                    self._join()
+                    if not self._seq_step:
+                        self._join()
+                    if self.adaptive and not self._capturing:
+                        self._record("end", 0, caller)  # the next step asks whether this one is done
                 self._keep = []
                 self._bwd_events = {}
             finally:
                 _local.active = None
                 self._in_step = False
 
+    def _gpu_caught_up(self) -> bool:
+        """True when the previous step's work has finished on the GPU (or there was none)."""
+        ev = self._events.get(("end", 0))
+        return ev is None or ev.query()
+
     def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
         seg = self._seg
-        if self.mode != "erase":
-            self.last_trace.append(("bwd", seg, 0, ()))
+        if self.mode != "erase" or self._seq_step:
+            self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
             self._seg += 1
             return _labelled(head, h, target, seg)
         plan = self._plan
@@ -204,27 +211,20 @@ class Scheduler:
             self._leaf_cache[key] = leaves
         streams = self._on_streams
         k = self._k
-        cur = (self._caller if k == -1 else self._streams[k]) if streams else None
-        # Adaptive: a stream with nothing left to run (query: no sync) means the host is the
-        # bottleneck and nothing would overlap; stay on it and do what sequential does.
-        inline = (streams and self.adaptive and not head.final and not self._capturing and cur.query())
-        fork = not head.final and not inline
+        fork = not head.final
         after = plan.bwd_after(k, leaves, self._seg_leaves) if self._seg_leaves else []
         if fork:
-            # A segment that stays on its stream needs no entry: every later segment on another
-            # stream starts behind the next fork's event, recorded after this backward.
             self._seg_leaves[seg] = (k, leaves)
         nk = plan.next_stream(k, fork)
-        self.last_trace.append(("bwd", seg, "caller" if k == -1 else k, tuple(after)))
+        self.last_trace.append(("bwd", seg, k, tuple(after)))
         nxt = seg + 1
-        self.last_trace.append(("fwd", nxt, "caller" if head.final or nk == -1 else nk))
+        self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
         self._seg, self._k = nxt, nk
         if not streams:
             return _labelled(head, h, target, seg)
+        cur = self._streams[k]
         for j in after:
             cur.wait_event(self._bwd_events[j])
-        if inline:  # (the head keeps its "beside" occupancy: the same math either way)
-            return _labelled(head, h, target, seg, beside=True)
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
         out = _labelled(head, h, target, seg, beside=not head.final)

@@ -173,40 +173,37 @@ def test_erase_bitwise_equals_sequential_at_equal_occupancy():
 
 
 def test_adaptive_erase_forks_when_gpu_is_behind():
-    # A queued 50 ms spin keeps the GPU behind the host: every detach point forks. Adaptive
-    # and always-forking steps give bitwise the same gradients (same math, other streams).
+    # A step that begins while the previous one still runs on the GPU (a queued 50 ms spin keeps
+    # it behind) forks at every detach point; one that begins with the GPU idle runs the
+    # sequential path on the caller's stream. Both give bitwise an always-forking step's grads.
     torch.manual_seed(0)
     model = mlp_chain(256)
     for hd in model.heads:
         hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.125, deterministic=True)
     x, y = torch.randn(1024, 256, device=dev), torch.rand(1024, device=dev).round()
-    grads = {}
-    for adaptive in (False, True):
-        sched = Scheduler("erase", adaptive=adaptive)
-        with sched.step():
-            model(x, y)  # warm-up
-        torch.cuda.synchronize()
-        torch.cuda._sleep(100_000_000)
+
+    def step(sched):
         model.zero_grad(set_to_none=True)
         with sched.step():
             model(x, y)
-        fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
-        # every detach point forks; an adaptive step after one that did not fork starts on the caller
-        assert fwd in ([0, 1, 2, 3, 4, 5, "caller"], ["caller", 0, 1, 2, 3, 4, "caller"]), sched.last_trace
-        assert sched.last_forks == 5
-        grads[adaptive] = {k: p.grad.clone() for k, p in model.named_parameters()}
-        torch.cuda.synchronize()
-    for k in grads[True]:
-        assert torch.equal(grads[True][k], grads[False][k]), k
-    # GPU idle: later detach points may stay on one stream; the gradients are the same
+        return {k: p.grad.clone() for k, p in model.named_parameters()}
+    ref = step(Scheduler("erase", adaptive=False))
     sched = Scheduler("erase")
-    model.zero_grad(set_to_none=True)
+    for _ in range(2):
+        torch.cuda.synchronize()
+        got = step(sched)  # the previous step (if any) is done: sequential
+        assert sched.last_trace[0] == ("fwd", 0, "caller") and sched.last_forks == 0, sched.last_trace
+        for k in ref:
+            assert torch.equal(got[k], ref[k]), k
     torch.cuda.synchronize()
-    with sched.step():
-        model(x, y)
-    assert sched.last_trace[0] == ("fwd", 0, "caller")  # a first step starts on the caller: no stream switch
-    for k, p in model.named_parameters():
-        assert torch.equal(p.grad, grads[True][k]), k
+    torch.cuda._sleep(100_000_000)
+    step(sched)  # sequential, queued behind the spin
+    got = step(sched)  # begins while the previous step still waits on the GPU: forks
+    fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
+    assert fwd == [0, 1, 2, 3, 4, 5, "caller"], sched.last_trace
+    assert sched.last_forks == 5
+    for k in ref:
+        assert torch.equal(got[k], ref[k]), k
 
 
 def test_fused_sgd_ctr_capture_equals_eager():

@@ -265,103 +265,116 @@ def test_time_eager_modes_interleaves_every_variant():
 
 
 class _FakeEvent:
-    def __init__(self, log):
-        self.log = log
+    """Stands in for torch.cuda.Event: done when the stream it was recorded on is not busy."""
+
+    def __init__(self, log, busy):
+        self.log, self.busy, self.stream = log, busy, None
 
     def record(self, stream):
+        self.stream = stream.name
         self.log.append(("record", stream.name))
+
+    def query(self):
+        self.log.append(("query", self.stream))
+        return not self.busy(self.stream)
 
 
 class _FakeStream:
-    """Stands in for torch.cuda.Stream: `busy` decides what query() answers."""
-
-    def __init__(self, log, name, busy):
-        self.log, self.name, self.busy = log, name, busy
-
-    def query(self):
-        return not self.busy(self.name)
+    def __init__(self, log, name):
+        self.log, self.name = log, name
 
     def wait_event(self, ev):
         self.log.append(("wait", self.name))
 
 
 def _fake_cuda(monkeypatch, busy):
-    """The stream side of Scheduler.step on CPU: every CUDA call it makes goes to fakes."""
+    """The stream side of Scheduler.step on CPU: every CUDA call it makes goes to fakes.
+    busy(stream name) -> whether work recorded on that stream is still running."""
     log, n = [], [0]
-    caller = _FakeStream(log, "caller", busy)
+    caller = _FakeStream(log, "caller")
 
     def stream(device=None):
         n[0] += 1
-        return _FakeStream(log, f"s{n[0] - 1}", busy)
+        return _FakeStream(log, f"s{n[0] - 1}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "Stream", stream)
-    monkeypatch.setattr(torch.cuda, "Event", lambda: _FakeEvent(log))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _FakeEvent(log, busy))
     monkeypatch.setattr(torch.cuda, "set_stream", lambda s: log.append(("set", s.name)))
     return log
 
 
 @pytest.mark.parametrize("share", [False, True])
 def test_adaptive_plan_on_fake_streams(monkeypatch, share):
-    # Busy streams fork at every detach point; idle ones stay put and record no events;
-    # an inline segment sharing a leaf with an earlier forked one waits on its backward.
+    # Adaptive erase decides once a step: the GPU done with the previous step (host-bound) ->
+    # the sequential path on the caller's stream, no stream calls but the step's end event;
+    # the GPU behind -> a fork at every detach point, a shared leaf ordered across streams.
     torch.manual_seed(0)
     model = Chain(share=share)
     for hd in model.heads:
         hd.backend = "torch"
     x, y = data("bce")
     ref = detached_reference(copy.deepcopy(model), x, y)
-    # s0 busy (segment 0 forks), every later stream idle
-    busy_until = {"s0": True}
-
-    log = _fake_cuda(monkeypatch, lambda name: busy_until.get(name, False))
+    gpu_behind = [False]
+    log = _fake_cuda(monkeypatch, lambda name: gpu_behind[0])
     sched = Scheduler("erase")
-    sched.last_forks = 1  # as after a step that found the GPU behind: this one starts on the ring
-    with sched.step():
-        model(x, y)
-    fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
-    assert fwd == [0, 1, 1, 1, "caller"], sched.last_trace
-    assert sched.last_forks == 1
-    bwd = {e[1]: e[3] for e in sched.last_trace if e[0] == "bwd"}
-    assert bwd[2] == ((0,) if share else ()), sched.last_trace  # segment 2 (inline, s1) after 0's backward
-    # inline segments 1 and 2 record nothing: events only at step start, the fork at 0, and the final head
-    records = [e for e in log if e[0] == "record"]
-    assert records == [("record", "caller"), ("record", "s0"), ("record", "s0"), ("record", "s1"),
-                       ("record", "s0"), ("record", "s1")], log
-    assert_same_grads(grads(model), ref)
 
-    log.clear()
-    model.zero_grad(set_to_none=True)
-    busy_until.clear()
-    busy_until.update(s0=True, s1=True, s2=True, s3=True)  # GPU behind everywhere: a ring
-    with sched.step():  # (the previous step forked once: this one starts on the ring too)
-        model(x, y)
-    assert [e[2] for e in sched.last_trace if e[0] == "fwd"] == [0, 1, 2, 3, "caller"]
+    def step():
+        log.clear()
+        model.zero_grad(set_to_none=True)
+        with sched.step():
+            model(x, y)
+        assert_same_grads(grads(model), ref)
+        return [e[2] for e in sched.last_trace if e[0] in ("fwd", "bwd")]
+
+    # first step: nothing to ask yet -> sequential; it records only its end event
+    assert step() == ["caller"] * 5, sched.last_trace
+    assert sched.last_forks == 0 and log == [("record", "caller")], log
+    gpu_behind[0] = True  # that step's work still runs when the next one begins: fork everywhere
+    where = step()
+    assert where[::2] == [0, 1, 2, 3, "caller"] and where[1::2] == [0, 1, 2, 3], sched.last_trace
     assert sched.last_forks == 3
-    assert_same_grads(grads(model), ref)
+    bwd = {e[1]: e[3] for e in sched.last_trace if e[0] == "bwd"}
+    assert bwd[2] == ((0,) if share else ()), sched.last_trace  # segment 2 (stream 2) after 0's backward
+    assert log[0] == ("query", "caller") and ("set", "s0") in log and log[-1] == ("record", "caller"), log
+    assert ("set", "caller") in log  # joined back before the end event
+    gpu_behind[0] = False  # caught up: back to the sequential path
+    assert step() == ["caller"] * 5, sched.last_trace
+    assert log == [("query", "caller"), ("record", "caller")], log
+    # not adaptive: always forks, never asks
+    sched = Scheduler("erase", adaptive=False)
+    assert step()[::2] == [0, 1, 2, 3, "caller"]
+    assert not [e for e in log if e[0] == "query"], log
 
 
-def test_caller_home_plan_on_fake_streams(monkeypatch):
-    # a step after one that never forked keeps segment 0 on the caller's stream: no start event,
-    # no stream switch; a busy detach point then forks onto the ring, and the next step starts there.
+def test_free_heads_bound_and_summary():
+    # bench_schedule's FreeHead: the block gets a constant gradient, the head nothing; and the
+    # summary reports the bound (PyTorch-heads erase / free-heads erase) next to fused/PyTorch.
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_schedule.py")
+    spec = importlib.util.spec_from_file_location("bench_schedule", path)
+    bs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bs)
     torch.manual_seed(0)
-    model = Chain()
-    for hd in model.heads:
-        hd.backend = "torch"
-    x, y = data("bce")
-    ref = detached_reference(copy.deepcopy(model), x, y)
-    log = _fake_cuda(monkeypatch, lambda name: name == "caller")  # the caller busy: segment 0 forks
-    sched = Scheduler("erase")
-    with sched.step():
+    from erase_triton.models import MLPChain
+    model = bs._heads(MLPChain(16, blocks=3), "free")
+    x, y = torch.randn(8, 16), torch.rand(8).round()
+    with Scheduler("erase").step():
         model(x, y)
-    fwd = [e[2] for e in sched.last_trace if e[0] == "fwd"]
-    assert fwd == ["caller", 0, 0, 0, "caller"], sched.last_trace
-    assert sched.last_forks == 1
-    assert log[0] == ("record", "caller"), log  # the fork's forward event: no start event before it
-    assert ("set", "s0") in log and log[-1] == ("set", "caller")
-    assert_same_grads(grads(model), ref)
-    with sched.step():
-        model(x, y)
-    assert sched.last_trace[0] == ("fwd", 0, 0)  # the previous step forked: start on the ring
+    assert all(hd.weight.grad is None for hd in model.heads)
+    ref = MLPChain(16, blocks=3)
+    ref.load_state_dict(model.state_dict())
+    h = x
+    for blk in ref.blocks:
+        out = blk(h)
+        out.backward(torch.full_like(out, 1e-4))
+        h = out.detach()
+    for (k, p), q in zip(model.blocks.named_parameters(), ref.blocks.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    desc = dict(model="mlp", width=16, batch=8, dtype="tf32", streams="auto", exec="graph", mode="erase")
+    rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0)]
+    s, = bs.summarize(rows)
+    assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
