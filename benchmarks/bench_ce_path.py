@@ -1,14 +1,16 @@
-"""Which kernel should a softmax-CE head with a few hundred classes take? The dense kernel
-(a row tile's logits in registers, grad_W partials per row group) against the vocabulary
+"""Which kernel should a softmax-CE head with a few hundred classes take? The small-vocabulary
+kernel (a row tile's C logits in registers, exact softmax, dz through L2 scratch, grad_W as a
+GEMM over output tiles), the dense kernel (grad_W partials per row group) and the vocabulary
 kernel (online log-sum-exp, grad_W from recomputed logits), and eager PyTorch, at the
 transformer's head shapes, on the whole device and at occupancy 1/8 (beside the next forward).
 
-    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--vocab-only]
-    python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_vocab_tiles.csv
+    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--paths small,vocab,dense]
+    python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_small_tiles.csv
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
 variant is checked against the float64 reference first. --tiles: a tile grid of the
-vocabulary kernel (block_n x block_v x block_d x warps) at the transformer's head shapes.
+small-vocabulary kernel (block_n x phase-B block_v x warps x stages) at the transformer's head
+shapes (the vocabulary kernel's grid is ce_vocab_tiles.csv, from before the small kernel).
 """
 from __future__ import annotations
 
@@ -32,22 +34,24 @@ DENSE_TILES = [None, LaunchConfig(block_n=16, block_d=64, num_warps=4), LaunchCo
                LaunchConfig(block_n=32, block_d=128, num_warps=8)]
 
 
-def use_path(dense_max_c: int):
-    lh.DENSE_CE_MAX_C = dense_max_c
+# path -> (DENSE_CE_MAX_C, SMALL_CE_MAX_C): which kernel C = 128..512 takes
+PATHS = {"small": (64, 256), "vocab": (64, 64), "dense": (1 << 20, 1 << 20)}
+
+
+def use_path(path: str):
+    lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C = PATHS[path]
     _clear_plans()
 
 
-# The whole-device grid over bn 16-64 x bv 64-256 x bd 64-256 x 4/8 warps (C=256 D=256, H200:
-# ce_vocab_tiles_full.csv) put 8 warps, bn 32-64, bv 64-128 and bd 128-256 in its top 5.
-VOCAB_TILES = [LaunchConfig(block_n=bn, block_v=bv, block_d=bd, num_warps=8)
-               for bn in (32, 64) for bv in (64, 128) for bd in (128, 256)]
+SMALL_TILES = [LaunchConfig(block_n=bn, block_v=bv, num_warps=nw, num_stages=st)
+               for bn in (32, 64) for bv in (32, 64) for nw in (4, 8) for st in (1, 2, 3)]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
-    ap.add_argument("--vocab-only", action="store_true", help="skip the dense-kernel variants")
-    ap.add_argument("--tiles", action="store_true", help="tile grid of the vocabulary kernel (transformer shapes)")
+    ap.add_argument("--paths", default="small,vocab,dense", help="kernels to time, comma-separated")
+    ap.add_argument("--tiles", action="store_true", help="tile grid of the small-vocabulary kernel (transformer shapes)")
     args = ap.parse_args()
     meta = metadata()
     rows = []
@@ -67,14 +71,16 @@ def main():
             loss.backward()
         rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
         print(rows[-1], flush=True)
-        for path, max_c in (("vocab", 64),) + (() if args.vocab_only or args.tiles else (("dense", 1 << 20),)):
-            use_path(max_c)
+        for path in (["small"] if args.tiles else args.paths.split(",")):
+            use_path(path)
             for occ in (None, 0.125):
-                tiles = DENSE_TILES if path == "dense" else ([None] + VOCAB_TILES if args.tiles else [None])
+                tiles = DENSE_TILES if path == "dense" else ([None] + SMALL_TILES if args.tiles else [None])
                 for t in tiles:
                     cfg = LaunchConfig(occupancy=occ) if t is None else LaunchConfig(
-                        occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d, num_warps=t.num_warps)
-                    name = "auto" if t is None else f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
+                        occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d, num_warps=t.num_warps,
+                        num_stages=t.num_stages)
+                    name = "auto" if t is None else \
+                        f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps},st={t.num_stages}"
                     row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
                         out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
@@ -85,7 +91,7 @@ def main():
                     rows.append(row)
                     print(rows[-1], flush=True)
         write_csv(args.out, rows, meta)
-    use_path(64)
+    use_path("small")
     best = {}
     for r in rows:
         if "us" in r and r.get("max_rel_err", 0) < 2e-2:

@@ -70,6 +70,8 @@ def test_signature_cache_hits_and_stays_exact():
     ("ce", 4096, 512, 32000, torch.bfloat16),
     ("ce", 2048, 256, 131072, torch.bfloat16),
     ("ce", 3001, 130, 1000, torch.float32),
+    ("ce", 1 << 18, 512, 256, torch.bfloat16),  # small-vocabulary kernel: 256 MB of dz scratch
+    ("ce", 8193, 130, 100, torch.float32),
 ])
 def test_kernel_at_scale(loss, N, D, C, dtype):
     g = torch.Generator(device=dev).manual_seed(0)
