@@ -1,11 +1,14 @@
 """Fused local head: logits = h W^T + b, the loss, grad_h, grad_W and grad_b in ONE launch.
 
-Two kernels share one skeleton (derivation and schedule: docs/local_head.md):
+Three kernels share one skeleton (derivation and schedule: docs/local_head.md):
 
 * `_dense_head_kernel`  -- C <= 64 ("bce", "mse", and "ce" with few classes). A row
   tile's logits fit in registers, so dz is known after one pass over D; grad_h is
   written at once and grad_W is summed per *row group* into a private fp32 slot.
-* `_vocab_ce_kernel`    -- "ce" with C > 64 (vocabularies up to 128K). Phase A runs
+* `_small_ce_kernel`    -- "ce" with 64 < C <= 256. Phase A: a row tile's logits in
+  registers, exact softmax, dz to an fp32 [N, C] scratch and grad_h = dz W; phase B: the
+  GEMM grad_W = dz^T h over output tiles, each over all rows in order (deterministic).
+* `_vocab_ce_kernel`    -- "ce" with C > 256 (vocabularies up to 128K). Phase A runs
   over row tiles with an online log-sum-exp and accumulates grad_h = softmax @ W
   flash-attention style; phase B runs over vocabulary tiles and sums grad_W from
   recomputed logits and the lse saved by phase A.
