@@ -113,7 +113,9 @@ def plot_schedule(rows: list[dict], path: str):
     labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}" for r in rs]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 4))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
-              ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"), ("eager_erase_vs_seq", "erase / sequential (eager)"),
+              ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
+              ("graph_free_vs_torch_heads", "zero-cost / PyTorch heads (graphed erase): the most any head buys"),
+              ("eager_erase_vs_seq", "erase / sequential (eager)"),
               ("eager_again_vs_seq", "sequential / sequential again (eager A/A: the noise)")]
     series = [(k, lab) for k, lab in series if any(r.get(k) not in ("", None, "nan") for r in rs)]
     w = 0.8 / len(series)
@@ -229,7 +231,7 @@ def plot_ce_path(rows: list[dict], path: str):
     ax.set_ylabel("µs per call (graph replay)")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
-    ax.set_title(f"Softmax-CE head with a few hundred classes: dense vs vocabulary kernel ({_gpu(rows)})", fontsize=9)
+    ax.set_title(f"Softmax-CE head with a few hundred classes, per kernel ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
 
