@@ -15,6 +15,7 @@ shapes (the vocabulary kernel's grid is ce_vocab_tiles.csv, from before the smal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -43,8 +44,25 @@ def use_path(path: str):
     _clear_plans()
 
 
-SMALL_TILES = [LaunchConfig(block_n=bn, block_v=bv, num_warps=nw, num_stages=st)
-               for bn in (32, 64) for bv in (32, 64) for nw in (4, 8) for st in (1, 2, 3)]
+@contextlib.contextmanager
+def small_blocks(**kw):
+    """Launch the small-vocabulary CE kernel with some of its constexprs (and num_warps) replaced."""
+    orig = lh._small_ce_blocks
+    lh._small_ce_blocks = lambda *a: {**orig(*a), **kw}
+    _clear_plans()
+    try:
+        yield
+    finally:
+        lh._small_ce_blocks = orig
+        _clear_plans()
+
+
+# phase A (row tile, D chunks of the logits and of grad_h, warps) x phase B output tile x stages;
+# phase A's sets are those ptxas compiles without (or with few) spills at C=256 on sm_90a
+SMALL_TILES = [dict(BLOCK_N=bn, BLOCK_K=bk, BLOCK_DC=bdc, num_warps=nw, BLOCK_CW=cw, BLOCK_DW=dw, NUM_STAGES=st)
+               for bn, bk, bdc, nw in ((32, 32, 32, 8), (64, 32, 32, 8), (64, 32, 32, 16), (32, 64, 32, 8),
+                                       (64, 64, 32, 8), (64, 64, 64, 8))
+               for cw, dw in ((64, 64), (32, 64)) for st in (1, 2)]
 
 
 def main():
@@ -76,16 +94,22 @@ def main():
             for occ in (None, 0.125):
                 tiles = DENSE_TILES if path == "dense" else ([None] + SMALL_TILES if args.tiles else [None])
                 for t in tiles:
-                    cfg = LaunchConfig(occupancy=occ) if t is None else LaunchConfig(
-                        occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d, num_warps=t.num_warps,
-                        num_stages=t.num_stages)
-                    name = "auto" if t is None else \
-                        f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps},st={t.num_stages}"
+                    over = {}
+                    if isinstance(t, dict):  # small-kernel constexprs
+                        cfg, over = LaunchConfig(occupancy=occ), t
+                        name = ",".join(f"{k}={v}" for k, v in t.items())
+                    elif t is None:
+                        cfg, name = LaunchConfig(occupancy=occ), "auto"
+                    else:
+                        cfg = LaunchConfig(occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d,
+                                           num_warps=t.num_warps)
+                        name = f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
                     row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
-                        out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
-                        row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
-                        row["us"] = graph_us(lambda: fused_local_head(h, w, b, y, loss="ce", config=cfg))
+                        with small_blocks(**over) if over else contextlib.nullcontext():
+                            out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
+                            row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
+                            row["us"] = graph_us(lambda: fused_local_head(h, w, b, y, loss="ce", config=cfg))
                     except Exception as ex:  # a tile that does not fit must not lose the study
                         row["error"] = repr(ex)[:160]
                     rows.append(row)

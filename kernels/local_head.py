@@ -503,7 +503,7 @@ def _small_ce_kernel(
     n_tiles, n_groups, tiles_per_group, n_programs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
-    BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
+    BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr, EVEN_C: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
 ):
     # C <= 256: a row tile's logits fit in registers, so the softmax is exact in one pass
@@ -533,19 +533,24 @@ def _small_ce_kernel(
             b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
         if HAS_BIAS:
             b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+        # one [BLOCK_N, BLOCK_C] fp32 tile live at a time (z, then e, then dz): registers, not spills
         b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
         m_row = m_n & (b_t != ignore_index)
-        b_zm = tl.where(m_c[None, :], b_z, float("-inf"))
-        b_max = tl.max(b_zm, axis=1)
-        b_e = tl.exp(b_zm - b_max[:, None])
-        b_s = tl.sum(b_e, axis=1)
-        b_hot = o_c[None, :] == b_t[:, None]
-        b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
+        b_zt = tl.sum(tl.where(o_c[None, :] == b_t[:, None], b_z, 0.0), axis=1)
+        if not EVEN_C:
+            b_z = tl.where(m_c[None, :], b_z, float("-inf"))
+        b_max = tl.max(b_z, axis=1)
+        b_z = tl.exp(b_z - b_max[:, None])
+        b_s = tl.sum(b_z, axis=1)
         tl.store(part_l_ptr + t + tl.arange(0, 1),
                  tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
-        b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * tl.where(m_row, scale, 0.0)[:, None]
-        tl.store(dz_ptr + o_n[:, None] * C + o_c[None, :], b_dz, mask=m_n[:, None] & m_c[None, :])
-        b_dzl = b_dz.to(h_ptr.dtype.element_ty)
+        b_r = tl.where(m_row, scale, 0.0)
+        b_z = b_z * (b_r / b_s)[:, None] - tl.where(o_c[None, :] == b_t[:, None], b_r[:, None], 0.0)
+        if EVEN_C:
+            tl.store(dz_ptr + o_n[:, None] * C + o_c[None, :], b_z, mask=m_n[:, None])
+        else:
+            tl.store(dz_ptr + o_n[:, None] * C + o_c[None, :], b_z, mask=m_n[:, None] & m_c[None, :])
+        b_dzl = b_z.to(h_ptr.dtype.element_ty)
         for d0 in tl.range(0, D, BLOCK_DC, num_stages=NUM_STAGES):
             o_d = d0 + tl.arange(0, BLOCK_DC)
             m_d = o_d < D
@@ -692,13 +697,16 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool) -> dict:
     if cfg.block_n is not None and cfg.block_n < 16:
         raise ValueError(f"block_n must be >= 16 for the small-vocabulary CE kernel (tl.dot tiles), got {cfg.block_n}")
     if cuda:
-        bn, bk, bcw, bdw, bkw = cfg.block_n or 64, min(dp, 64), cfg.block_v or 64, cfg.block_d or min(dp, 64), 64
+        # phase A's D chunks of 32: with W chunks of [256, 64] in registers for grad_h = dz W, ptxas
+        # (sm_90a, C=256) spills 448 bytes a thread at 255 registers; with 32, nothing (32 rows)
+        bn, bk, bdc, bcw, bdw, bkw = cfg.block_n or 32, min(dp, 32), min(dp, 32), cfg.block_v or 64, cfg.block_d or min(dp, 64), 64
         warps, stages = cfg.num_warps or 8, cfg.num_stages or 2
     else:  # interpreter: fewer, bigger tiles
         bn, bk, bcw, bdw, bkw = cfg.block_n or 128, min(dp, 256), cfg.block_v or block_c, cfg.block_d or min(dp, 256), 128
+        bdc = bk
         warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
-    return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=min(dp, 64) if cuda else bk,
-                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, num_warps=warps)
+    return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, EVEN_C=C == block_c, num_warps=warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
