@@ -26,9 +26,7 @@ class LaunchConfig:
                     None fills the whole device.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
-    num_stages:     software-pipelining depth of the row-tile loop (dense kernel) and of the
-                    K loops (small-vocabulary CE kernel, where block_v/block_d are the
-                    grad_W output tile of its phase B).
+    num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
     group_tiles:    row tiles per grad_W partial group, claimed by the programs (dense kernel).
                     None: deterministic launches spread the tiles evenly, one group a program;
                     atomic ones split them statically (program p takes tiles p, p + P, ...).

@@ -94,35 +94,6 @@ def test_ce_vocab_large_rows(device):
     check("ce", 781, 130, 1000, torch.float32, False, 1.0, device)
 
 
-@pytest.mark.parametrize("N,D,C,dtype,bias,reduction,cfg", [
-    (781, 130, 200, torch.float32, True, "mean", None),             # masked classes (BLOCK_C 256), ignored rows
-    (100, 50, 65, torch.bfloat16, False, "sum", None),              # the smallest C it takes
-    (300, 130, 256, torch.float32, True, "mean",                    # several D chunks, grad_W tiles and K steps
-     LaunchConfig(occupancy=0.5, block_n=32, block_v=64, block_d=32, num_stages=2)),
-])
-def test_small_ce_kernel(N, D, C, dtype, bias, reduction, cfg, device):
-    # CE with 64 < C <= 256 takes the small-vocabulary kernel
-    assert klh.DENSE_CE_MAX_C < C <= klh.SMALL_CE_MAX_C
-    assert klh._plan("ce", reduction, C, D, dtype, bias, False, cfg or LaunchConfig(), device.type == "cuda",
-                     klh.interpreting(), "ieee").kernel is klh._small_ce_kernel
-    check("ce", N, D, C, dtype, bias, None, device, reduction=reduction, config=cfg)
-
-
-def test_small_ce_kernel_accumulates_and_is_deterministic(device):
-    h, w, b, y = make("ce", 200, 50, 100, torch.float32, True, device)
-    gw0, gb0 = torch.randn_like(w), torch.randn_like(b)
-    gw, gb = gw0.clone(), gb0.clone()
-    local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
-                    config=LaunchConfig(), grad_weight=gw, grad_bias=gb, accumulate=True)
-    ref = reference.local_head(h, w, b, y, loss="ce")
-    torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
-    a = fused_local_head(h, w, b, y, loss="ce", backend="triton")
-    c = fused_local_head(h, w, b, y, loss="ce", backend="triton")
-    for x, z in zip(a, c):  # no atomics: bitwise reproducible in either mode
-        assert torch.equal(x, z)
-
-
 @pytest.mark.parametrize("loss,C", [("bce", 3), ("ce", 1000)])
 def test_small_tiles_many_chunks(loss, C, device):
     # forces several D chunks and many row groups: exercises the partial-sum paths
@@ -197,9 +168,6 @@ def test_narrow_row_tiles_need_c1(device):
     with pytest.raises(ValueError, match="block_n must be >= 16 when C > 1"):
         fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(block_n=8))
     h, w, b, y = make("ce", 8, 4, 100, torch.float32, True, device)
-    with pytest.raises(ValueError, match="block_n must be >= 16 for the small-vocabulary CE kernel"):
-        fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
-    h, w, b, y = make("ce", 8, 4, 300, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 for the vocabulary kernel"):
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
 
