@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 
 import torch
@@ -109,10 +110,15 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                     variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
-                res = time_eager_modes(model, inputs, variants, iters=iters)
+                per_round = {}
+                res = time_eager_modes(model, inputs, variants, iters=iters, rounds=per_round)
+                seq = per_round[("sequential", "auto")]
                 for (mode, streams), (ms, peak, host_ms) in res.items():
+                    # paired: the median over rounds of sequential's time / this variant's, same round
+                    paired = statistics.median(a / b for a, b in zip(seq, per_round[(mode, streams)]))
                     row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
-                               host_ms=host_ms, forks=variants[(mode, streams)].last_forks)  # in the last step
+                               host_ms=host_ms, forks=variants[(mode, streams)].last_forks,  # in the last step
+                               paired_seq_over_this=paired)
                     rows.append(row)
                     print(row, flush=True)
                 del model, inputs
@@ -160,6 +166,11 @@ def summarize(rows):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
             if ms:
                 s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
+        for (mode, streams), name in ((("erase", "auto"), "erase"), (("sequential", "again"), "again")):
+            p = [r["paired_seq_over_this"] for r in rows if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused"
+                 and (r["mode"], r["streams"]) == (mode, streams) and r.get("paired_seq_over_this") not in (None, "")]
+            if p:  # the median over rounds of sequential / this variant, both in the same round
+                s[f"eager_{name}_vs_seq_paired"] = float(p[0])
         host = {r["mode"]: r["host_ms"] for r in rows
                 if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused" and r["streams"] == "auto"}
         if host:
@@ -205,7 +216,7 @@ def main():
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads", "eager_erase_vs_seq", "eager_always_fork_vs_seq",
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

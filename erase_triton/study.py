@@ -177,7 +177,7 @@ def _peak_mb(run) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
-def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3) -> dict:
+def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3, rounds: dict | None = None) -> dict:
     """Eager steps of several schedules, interleaved on one model (every round runs each
     variant once, in a shuffled order: A C B, B A C, ...).
 
@@ -186,7 +186,9 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
     than the modes themselves; interleaving gives each the same drift, and shuffling
     each round removes a bias from the position in it. Returns
     {name: (median ms from CUDA events, peak MB of one step, median host ms to issue
-    one step)}; host ms close to the event ms means the step is host-bound.
+    one step)}; host ms close to the event ms means the step is host-bound. rounds, if
+    given, is filled with {name: [ms of each round]}, in round order: a ratio of two
+    variants' times in the same round cancels drift slower than one round (a paired estimate).
     """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     step = training_step(model, opt)
@@ -211,9 +213,12 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3)
                 ev[name].append((a, b))
     if cuda:
         torch.cuda.synchronize()
-        ms = {name: statistics.median(a.elapsed_time(b) for a, b in ev[name]) for name in runs}
+        per_round = {name: [a.elapsed_time(b) for a, b in ev[name]] for name in runs}
     else:  # no device clock: the host's
-        ms = {name: statistics.median(host[name]) for name in runs}
+        per_round = host
+    ms = {name: statistics.median(per_round[name]) for name in runs}
+    if rounds is not None:
+        rounds.update(per_round)
     return {name: (ms[name], peak[name], statistics.median(host[name])) for name in runs}
 
 

@@ -258,7 +258,9 @@ def test_time_eager_modes_interleaves_every_variant():
             calls.append(name)
             return orig()
         s.step = step
-    res = time_eager_modes(model, (x, y), variants, iters=2)
+    per_round = {}
+    res = time_eager_modes(model, (x, y), variants, iters=2, rounds=per_round)
+    assert set(per_round) == set(variants) and all(len(v) == 2 for v in per_round.values())
     assert set(res) == set(variants) and all(ms > 0 and host > 0 for ms, _, host in res.values())
     # interleaved, not one mode after another: each round runs every variant once
     assert sorted(calls[-6:-3]) == sorted(calls[-3:]) == ["e2e", "erase", "sequential"]
@@ -376,5 +378,9 @@ def test_free_heads_bound_and_summary():
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     desc = dict(model="mlp", width=16, batch=8, dtype="tf32", streams="auto", exec="graph", mode="erase")
     rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0)]
+    eager = dict(desc, exec="eager", heads="fused", ms=4.0, host_ms=3.9)
+    rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0), dict(eager, mode="erase", paired_seq_over_this=1.02),
+             dict(eager, mode="sequential", streams="again", paired_seq_over_this=0.99)]
     s, = bs.summarize(rows)
     assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
+    assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
