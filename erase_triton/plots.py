@@ -116,6 +116,8 @@ def plot_schedule(rows: list[dict], path: str):
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
               ("graph_free_vs_torch_heads", "zero-cost / PyTorch heads (graphed erase): the most any head buys"),
               ("eager_erase_vs_seq", "erase / sequential (eager)"),
+              ("eager_erase_vs_seq_paired", "erase / sequential (eager, paired: median of per-round ratios)"),
+              ("eager_again_vs_seq_paired", "sequential / sequential again (eager A/A, paired)"),
               ("eager_again_vs_seq", "sequential / sequential again (eager A/A: the noise)")]
     series = [(k, lab) for k, lab in series if any(r.get(k) not in ("", None, "nan") for r in rs)]
     w = 0.8 / len(series)
