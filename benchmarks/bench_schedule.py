@@ -5,8 +5,10 @@
 MLP proxy of DESIGN.md (six blocks of two Linear+ReLU, width w, batch b, BCE heads,
 SGD) in tf32 and bf16, and the six-layer transformer (erase_triton.models). Median
 step time from CUDA events: graphed steps one mode at a time, eager steps with the modes
-interleaved on one model (`time_eager_modes`); peak memory of the eager step. CSV with
-GPU metadata.
+interleaved on one model (`time_eager_modes`), with a paired estimate (the median over
+rounds of sequential's time / each variant's in the same round); peak memory of the eager
+step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free
+heads bounds what any head implementation can buy. CSV with GPU metadata.
 """
 from __future__ import annotations
 
