@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -66,10 +67,17 @@ class FreeHead(LocalHead):
         return h.detach()
 
 
+GROUP_TILES = None  # --group-tiles: fused heads take claimed groups of k row tiles (LaunchConfig.group_tiles)
+
+
 def _heads(model, heads):
     if heads == "free":
         for hd in model.heads:
             hd.__class__ = FreeHead
+    elif heads == "fused" and GROUP_TILES:
+        for hd in model.heads:
+            hd.config = dataclasses.replace(hd.config, group_tiles=GROUP_TILES)
+            hd._beside_config = dataclasses.replace(hd._beside_config, group_tiles=GROUP_TILES)
     return model
 
 
@@ -192,7 +200,11 @@ def main():
     ap.add_argument("--iters", type=int, default=40, help="eager rounds (every variant once a round)")
     ap.add_argument("--free-heads", action="store_true",
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
+    ap.add_argument("--group-tiles", type=int, default=None,
+                    help="fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
     args = ap.parse_args()
+    global GROUP_TILES
+    GROUP_TILES = args.group_tiles
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -204,7 +216,8 @@ def main():
         cfgs = [c for c in cfgs if args.max_width is None or c[0] <= args.max_width]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
-                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy),
+                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
+                                   group_tiles=args.group_tiles or ""),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]

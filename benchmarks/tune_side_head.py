@@ -1,0 +1,58 @@
+"""The MLP proxy's BCE heads (C=1) at the schedule's sizes, alone on the GPU: how the
+atomic mode's grid shape changes their time. With the default static split a 1/8-occupancy
+head at N=4096 D=512 gets one 16-row tile per program (~256 programs), so its cost is the
+end-of-kernel float atomics of every program; claimed groups of k tiles (LaunchConfig
+group_tiles=k) cut the programs k-fold.
+
+    python benchmarks/tune_side_head.py [--out benchmarks/results/side_head.csv]
+
+Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import metadata, print_table, write_csv  # noqa: E402
+from tune_dense_head import graph_us  # noqa: E402
+
+from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
+from erase_triton.reference import local_head as local_head_reference  # noqa: E402
+
+SHAPES = [(1024, 256), (1024, 512), (4096, 512)]
+GROUPS = [None, 2, 4, 8, 16]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/side_head.csv")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    rows = []
+    for dname, dtype in (("bf16", torch.bfloat16), ("tf32", torch.float32)):
+        for N, D in SHAPES:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            h = torch.randn(N, D, device="cuda", generator=g).to(dtype)
+            w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+            b = torch.zeros(1, device="cuda", dtype=dtype)
+            y = torch.rand(N, device="cuda", generator=g).round().to(dtype)
+            ref = local_head_reference(h.double(), w.double(), b.double(), y.double())
+            for occ in (0.125, None):
+                for k in GROUPS:
+                    cfg = LaunchConfig(occupancy=occ, group_tiles=k)
+                    out = fused_local_head(h, w, b, y, config=cfg)
+                    err = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
+                    us = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg))
+                    rows.append(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, group_tiles=k or "static",
+                                     us=us, max_rel_err=err))
+                    print(rows[-1], flush=True)
+    write_csv(args.out, rows, metadata())
+    print_table(rows, ["dtype", "N", "D", "occupancy", "group_tiles", "us", "max_rel_err"])
+
+
+if __name__ == "__main__":
+    main()
