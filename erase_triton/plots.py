@@ -237,6 +237,24 @@ def plot_ce_path(rows: list[dict], path: str):
     _save(fig, path)
 
 
+def plot_side_head(rows: list[dict], path: str):
+    """tune_side_head.py: BCE head time alone per shape and occupancy, static split vs claimed tile groups."""
+    cases = list(dict.fromkeys((r["dtype"], r["N"], r["D"], r["occupancy"]) for r in rows))
+    groups = list(dict.fromkeys(r["group_tiles"] for r in rows))
+    t = {(r["dtype"], r["N"], r["D"], r["occupancy"], r["group_tiles"]): _f(r, "us") for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cases)), 4))
+    w = 0.8 / len(groups)
+    for i, g in enumerate(groups):
+        ax.bar([j + i * w for j in range(len(cases))], [t.get(c + (g,), float("nan")) for c in cases], w,
+               label="static split" if g == "static" else f"claimed groups of {g} tiles")
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cases))])
+    ax.set_xticklabels([f"{d} {n}x{dd}\nocc {float(o):g}" for d, n, dd, o in cases], fontsize=7)
+    ax.set_ylabel("µs per call (graph replay)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"BCE head (C=1) alone at the MLP proxy's sizes ({_gpu(rows)})", fontsize=9)
+    _save(fig, path)
+
+
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     """Draw the plot that fits a result CSV's columns; returns the PNG path."""
     from .study import read_csv
@@ -249,7 +267,9 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     folder = out_dir or os.path.dirname(csv_path) or "."
     os.makedirs(folder, exist_ok=True)
     out = os.path.join(folder, stem + ".png")
-    if {"path", "tiles", "us"} <= cols:
+    if {"group_tiles", "us", "occupancy"} <= cols and "path" not in cols:
+        plot_side_head(rows, out)
+    elif {"path", "tiles", "us"} <= cols:
         plot_ce_path(rows, out)
     elif {"occupancy", "streams", "ms"} <= cols and "heads" not in cols:
         plot_sweep(rows, out)
