@@ -67,27 +67,25 @@ class FreeHead(LocalHead):
         return h.detach()
 
 
-GROUP_TILES = None  # --group-tiles: fused heads take claimed groups of k row tiles (LaunchConfig.group_tiles)
-
-
-def _heads(model, heads):
+def _heads(model, heads, group_tiles=None):
+    """free: zero-cost heads; fused with group_tiles: claimed groups of k row tiles (LaunchConfig.group_tiles)."""
     if heads == "free":
         for hd in model.heads:
             hd.__class__ = FreeHead
-    elif heads == "fused" and GROUP_TILES:
+    elif heads == "fused" and group_tiles:
         for hd in model.heads:
-            hd.config = dataclasses.replace(hd.config, group_tiles=GROUP_TILES)
-            hd._beside_config = dataclasses.replace(hd._beside_config, group_tiles=GROUP_TILES)
+            hd.config = dataclasses.replace(hd.config, group_tiles=group_tiles)
+            hd._beside_config = dataclasses.replace(hd._beside_config, group_tiles=group_tiles)
     return model
 
 
-def mlp_case(width, batch, dtype, heads, occupancy="auto"):
+def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None):
     torch.manual_seed(0)
     model = MLPChain(width, backend="torch" if heads == "torch" else "auto", occupancy=occupancy,
                      device="cuda", dtype=dtype)
     x = torch.randn(batch, width, device="cuda", dtype=dtype)
     y = torch.rand(batch, device="cuda").round().to(dtype)
-    return _heads(model, heads), (x, y)
+    return _heads(model, heads, group_tiles), (x, y)
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto"):
@@ -201,10 +199,8 @@ def main():
     ap.add_argument("--free-heads", action="store_true",
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
     ap.add_argument("--group-tiles", type=int, default=None,
-                    help="fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
+                    help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
     args = ap.parse_args()
-    global GROUP_TILES
-    GROUP_TILES = args.group_tiles
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -218,7 +214,8 @@ def main():
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
                                    group_tiles=args.group_tiles or ""),
-                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ)))
+                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
+                                                                             args.group_tiles)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:

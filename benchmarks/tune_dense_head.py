@@ -100,14 +100,14 @@ def graph_us(call, reps: int = 20, iters: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bce_anchor(N, D, bw):
-    """The BCE C=1 bf16 head at N x D, and its HBM floor (h read + grad_h written) at bw GB/s."""
+def bce_anchor(N, D, bw, dtype=torch.bfloat16):
+    """The BCE C=1 head at N x D, and its HBM floor (h read + grad_h written) at bw GB/s."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    h = torch.randn(N, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
-    b = torch.zeros(1, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(N, D, device="cuda", dtype=dtype, generator=g)
+    w = (torch.randn(1, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+    b = torch.zeros(1, device="cuda", dtype=dtype)
     y = torch.rand(N, 1, device="cuda", generator=g).round()
-    return h, w, b, y, 2 * N * D * 2 / (bw * 1e9) * 1e6
+    return h, w, b, y, 2 * N * D * h.element_size() / (bw * 1e9) * 1e6
 
 
 def measure_variant(row, h, w, b, y, base, floor_us, cfg, over=None):
