@@ -6,6 +6,11 @@ H200 (side_head.csv): the groups were slower at every size; a 1/8 head is bandwi
 its share of SMs (N=4096 D=512 bf16: 21 us at 1/8, 8.9 us on the whole device).
 
     python benchmarks/tune_side_head.py [--out benchmarks/results/side_head.csv]
+    python benchmarks/tune_side_head.py --tiles --out benchmarks/results/side_head_tiles.csv
+
+--tiles: rows per tile x warps x pipeline stages of the static split, at 1/8 (the side
+heads) and on the whole device (the final head), at the b1024 and b4096 sizes; each variant
+is checked against the default launch and records its grid (P) and registers.
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us).
 """
@@ -19,20 +24,50 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
-from tune_dense_head import bce_anchor, graph_us  # noqa: E402
+from tune_dense_head import bce_anchor, graph_us, measure_variant  # noqa: E402
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
 from erase_triton.reference import local_head as local_head_reference  # noqa: E402
 
 SHAPES = [(1024, 256), (1024, 512), (4096, 512)]
 GROUPS = [None, 2, 4, 8, 16]
+# (dtype, N, occupancy) of the tile study: the side heads at 1/8, the final head whole-device
+TILE_CASES = [("tf32", 1024, 0.125), ("bf16", 4096, 0.125), ("tf32", 4096, 0.125), ("bf16", 4096, None),
+              ("tf32", 4096, None)]
+TILES = [(bn, nw, st) for bn in (8, 16, 32, 64) for nw in (2, 4, 8) for st in (1, 2, 3)
+         if 32 <= bn * 512 // (32 * nw) <= 256]
+
+
+def tile_study(D: int = 512) -> list[dict]:
+    rows = []
+    for dname, N, occ in TILE_CASES:
+        dtype = torch.bfloat16 if dname == "bf16" else torch.float32
+        h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
+        base = fused_local_head(h, w, b, y, config=LaunchConfig(occupancy=occ))
+        for bn, nw, st in [(None, None, None)] + TILES:
+            cfg = LaunchConfig(occupancy=occ, block_n=bn, num_warps=nw, num_stages=st)
+            name = "default" if bn is None else f"bn={bn},nw={nw},st={st}"
+            rows.append(measure_variant(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, variant=name,
+                                             floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/side_head.csv")
+    ap.add_argument("--tiles", action="store_true", help="the tile study (TILE_CASES x TILES)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.tiles:
+        rows = tile_study()
+        write_csv(args.out, rows, metadata())
+        for dname, N, occ in TILE_CASES:
+            case = [r for r in rows if (r["dtype"], r["N"], r["occupancy"]) == (dname, N, occ or 1.0)]
+            ok = sorted([r for r in case if "us" in r and r["matches_default"]], key=lambda r: r["us"])
+            print(f"# {dname} N={N} occupancy={occ or 1.0}: default and the 5 fastest")
+            print_table([r for r in case if r["variant"] == "default"] + ok[:5],
+                        ["dtype", "N", "occupancy", "variant", "P", "n_regs", "us", "floor_us"])
+        return
     rows = []
     for dname, dtype in (("bf16", torch.bfloat16), ("tf32", torch.float32)):
         for N, D in SHAPES:

@@ -119,10 +119,13 @@ class Scheduler:
         self.last_trace: list = []
         self.last_forks = 0
         self._in_step = False
+        self._has_cuda = None
+        self._fixed_device = None
+        self._device_by_index: dict = {}
 
     # ------------------------------------------------------------------ the step
     def _use_streams(self) -> bool:
-        return self.mode == "erase" and torch.cuda.is_available() and self._cuda_device is not None
+        return self.mode == "erase" and self._cuda_device is not None
 
     def _ring_stream(self, k: int):
         while len(self._streams) <= k:
@@ -131,12 +134,34 @@ class Scheduler:
 
     def _record(self, kind: str, index: int, stream):
         # A re-recorded event is safe to reuse: a wait already queued on the device keeps
-        # the record it saw when it was issued (CUDA event semantics).
+        # the record it saw when it was issued (CUDA event semantics). stream None: the current one.
         ev = self._events.get((kind, index))
         if ev is None:
             ev = self._events[(kind, index)] = torch.cuda.Event()
-        ev.record(stream)
+        if stream is None:
+            ev.record()
+        else:
+            ev.record(stream)
         return ev
+
+    def _cuda_available(self) -> bool:
+        avail = self._has_cuda
+        if avail is None:  # asked once: a process does not gain or lose its CUDA runtime
+            avail = self._has_cuda = torch.cuda.is_available()
+        return avail
+
+    def _device_now(self) -> torch.device:
+        """The CUDA device of this step: `device`, else the current one (looked up each step,
+        the torch.device object cached per index)."""
+        if self.device is not None:
+            if self._fixed_device is None:
+                self._fixed_device = torch.device(self.device)
+            return self._fixed_device
+        index = torch.cuda.current_device()
+        dev = self._device_by_index.get(index)
+        if dev is None:
+            dev = self._device_by_index[index] = torch.device("cuda", index)
+        return dev
 
     @contextlib.contextmanager
     def step(self):
@@ -146,9 +171,8 @@ class Scheduler:
         if current() is not None:
             raise RuntimeError("another Scheduler.step() is active in this thread")
         self._cuda_device = None
-        if self.mode == "erase" and torch.cuda.is_available():
-            self._cuda_device = torch.device("cuda", torch.cuda.current_device()) if self.device is None \
-                else torch.device(self.device)
+        if self.mode == "erase" and self._cuda_available():
+            self._cuda_device = self._device_now()
         self._plan = RingPlan(self.n_streams or 8)
         self._seg = 0
         self._k = 0              # ring index of the current segment's stream
@@ -163,15 +187,18 @@ class Scheduler:
         self._on_streams = self._use_streams()
         self.last_forks = 0  # detach points of this step that forked
         self._seq_step = False
+        self._capturing = False
         try:
             if self._on_streams:
-                caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                 self._capturing = torch.cuda.is_current_stream_capturing()
                 if self.adaptive and not self._capturing and self._gpu_caught_up():
                     # The GPU finished the previous step before the host began this one: the host
-                    # is the bottleneck, nothing would overlap. Run exactly what sequential runs.
+                    # is the bottleneck, nothing would overlap. Run exactly what sequential runs,
+                    # and no more host calls than it: no stream lookup (the step stays on the
+                    # caller's stream; its end event is recorded there at exit).
                     self._seq_step = True
                 else:
+                    caller = self._caller = torch.cuda.current_stream(self._cuda_device)
                     s0 = self._ring_stream(0)
                     s0.wait_event(self._record("start", 0, caller))
                     self._forked = {0}
@@ -180,7 +207,7 @@ class Scheduler:
             yield self
         finally:
             try:
-                if caller is not None:
+                if self._on_streams:
                     if not self._seq_step:
                         self._join()
                     if self.adaptive and not self._capturing:

@@ -272,7 +272,8 @@ class _FakeEvent:
     def __init__(self, log, busy):
         self.log, self.busy, self.stream = log, busy, None
 
-    def record(self, stream):
+    def record(self, stream=None):
+        stream = stream if stream is not None else torch.cuda.current_stream()
         self.stream = stream.name
         self.log.append(("record", stream.name))
 
