@@ -539,8 +539,10 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     if rows_c1:
         # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
         # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
-        # previous 16 rows on 4 warps, unpipelined. Same 128 h elements a thread for other D.
-        bn = cfg.block_n or max(1, min(128, 8192 // bd))
+        # previous 16 rows on 4 warps, unpipelined. At most 8 rows: at D=512, 8 rows (64 h
+        # elements a thread) beat 16 (side_head_tiles.csv, N=4096: 19.3 -> 15.0 µs at 1/8,
+        # 8.4 -> 7.5 µs whole device, bf16; tf32 20.5 -> 14.6 and 9.5 -> 9.2).
+        bn = cfg.block_n or max(1, min(8, 8192 // bd))
         warps, stages = 2, 2
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:

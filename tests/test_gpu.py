@@ -328,3 +328,26 @@ def test_overlap_in_profiler_trace():
                 for s2, e2 in by_stream[bb]:
                     overlaps += min(e1, e2) - max(s1, s2) > 0
     assert len(by_stream) >= 2 and overlaps > 0, (len(ring), {k: len(v) for k, v in by_stream.items()})
+
+
+def test_current_stream_lookup_is_cached_and_exact():
+    # The scheduler's cheap current-stream lookup returns the stream torch.cuda.current_stream
+    # returns, on the default stream and inside a torch.cuda.stream context, and reuses one object.
+    from erase_triton.scheduler import _current_stream
+    d = torch.device("cuda", torch.cuda.current_device())
+    assert _current_stream(d) == torch.cuda.current_stream(d)
+    assert _current_stream(d) is _current_stream(d)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert _current_stream(d) == s
+    # a step on a user's stream records its end event there, and joins back into it
+    model = mlp_chain(64)
+    x, y = torch.randn(128, 64, device=dev), torch.rand(128, device=dev).round()
+    sched = Scheduler("erase", device="cuda")
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            with sched.step():
+                model(x, y)
+        assert torch.cuda.current_stream() == s
+    s.synchronize()
+    assert sched._events[("end", 0)].query()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from erase_triton import LocalHead, Scheduler
 from erase_triton.reference import head_loss
+from erase_triton import scheduler
 from erase_triton.scheduler import RingPlan
 
 
@@ -193,6 +194,9 @@ def test_scheduler_rejects_bad_args_and_nesting():
         Scheduler("erase", streams=0)
     with pytest.raises(ValueError, match="adaptive must be a bool"):
         Scheduler("erase", adaptive="yes")
+    with pytest.raises(ValueError, match="device must be a CUDA device"):
+        Scheduler("erase", device="cpu")
+    Scheduler("erase", device="cuda:0")  # checked without touching CUDA
     s = Scheduler("erase")
     with s.step():
         with pytest.raises(RuntimeError, match="another Scheduler.step"):
@@ -272,8 +276,7 @@ class _FakeEvent:
     def __init__(self, log, busy):
         self.log, self.busy, self.stream = log, busy, None
 
-    def record(self, stream=None):
-        stream = stream if stream is not None else torch.cuda.current_stream()
+    def record(self, stream):
         self.stream = stream.name
         self.log.append(("record", stream.name))
 
@@ -302,6 +305,7 @@ def _fake_cuda(monkeypatch, busy):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(scheduler, "_current_stream", lambda device: caller)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "Event", lambda: _FakeEvent(log, busy))
