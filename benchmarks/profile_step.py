@@ -9,7 +9,7 @@ path on the caller's stream): what the scheduler adds to the host's time.
 2. Host time of an empty `with sched.step(): pass` per scheduler.
 3. Host time of a whole step, the variants interleaved in shuffled rounds, and the paired
    estimate (median over rounds of sequential's time / the variant's in the same round),
-   with a second sequential scheduler as the A/A noise floor.
+   with a second sequential and a second erase scheduler as the A/A noise floor.
 4. cProfile of sequential and erase: the functions whose own time differs most.
 """
 import argparse
@@ -69,7 +69,7 @@ def whole_steps(rounds: int):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     step = training_step(model, opt)
     variants = {"sequential": Scheduler("sequential"), "erase": Scheduler("erase"),
-                "sequential again": Scheduler("sequential")}
+                "sequential again": Scheduler("sequential"), "erase again": Scheduler("erase")}
     runs = {}
     for name, sched in variants.items():
         def run(sched=sched):
