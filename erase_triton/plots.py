@@ -111,7 +111,7 @@ def plot_schedule(rows: list[dict], path: str):
     """bench_schedule.py summary: graphed erase vs sequential and fused vs PyTorch heads."""
     rs = [r for r in rows if "graph_erase_vs_seq" in r]
     labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}" for r in rs]
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 4))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 5.5))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
               ("graph_free_vs_torch_heads", "zero-cost / PyTorch heads (graphed erase): the most any head buys"),
@@ -127,7 +127,7 @@ def plot_schedule(rows: list[dict], path: str):
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(rs))])
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("speedup")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: never over a bar
     ax.set_title(f"Step-time speedups ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
@@ -177,21 +177,21 @@ def plot_quality(rows: list[dict], path: str):
 def plot_tune(rows: list[dict], path: str):
     """Dense-head tile study: % of the HBM floor per variant, one panel per shape."""
     groups = defaultdict(list)
-    for r in rows:
+    for r in rows:  # one panel per shape (and dtype and occupancy, where the study varies them)
         if r.get("us") not in ("", None):
-            groups[(r["N"], r["D"])].append(r)
+            groups[(r["N"], r["D"], r.get("dtype", "bf16"), r.get("occupancy", "1.0"))].append(r)
     n = len(groups)
     fig, axes = plt.subplots(1, n, figsize=(max(5.0, 0.35 * max(len(v) for v in groups.values())) * min(n, 3), 4.2),
                              squeeze=False) if n <= 3 else plt.subplots(n, 1, figsize=(14, 3.2 * n), squeeze=False)
     axes = axes.ravel()
-    for ax, ((N, D), rs) in zip(axes, groups.items()):
+    for ax, ((N, D, dtype, occ), rs) in zip(axes, groups.items()):
         rs = sorted(rs, key=lambda r: -_f(r, "pct_of_floor"))
         colors = ["#C44E52" if r["variant"] == "default" else "#4C72B0" for r in rs]
         ax.bar(range(len(rs)), [_f(r, "pct_of_floor") for r in rs], color=colors)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels([r["variant"] for r in rs], rotation=90, fontsize=6)
         ax.set_ylabel("% of HBM floor")
-        ax.set_title(f"BCE C=1 N={N} D={D} bf16 (red: default)", fontsize=9)
+        ax.set_title(f"BCE C=1 N={N} D={D} {dtype}, occupancy {float(occ):g} (red: default)", fontsize=9)
     fig.suptitle(f"Dense head tile study ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
