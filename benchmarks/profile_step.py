@@ -9,10 +9,13 @@ path on the caller's stream): what the scheduler adds to the host's time.
 2. Host time of an empty `with sched.step(): pass` per scheduler.
 3. Host time of a whole step, the variants interleaved in shuffled rounds, and the paired
    estimate (median over rounds of sequential's time / the variant's in the same round),
-   with a second sequential and a second erase scheduler as the A/A noise floor.
+   with a second sequential and a second erase scheduler as the A/A noise floor, and two
+   variants that split erase's extra cost: sequential plus erase's event query and record,
+   and erase's Python path without them.
 4. cProfile of sequential and erase: the functions whose own time differs most.
 """
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
@@ -61,6 +64,39 @@ def empty_steps():
     return out
 
 
+class _SeqWithEvents(Scheduler):
+    """Sequential plus exactly the CUDA calls adaptive erase adds: one event query at entry and
+    one event record on the current stream at exit (is the event traffic itself the cost?)."""
+
+    def __init__(self):
+        super().__init__("sequential")
+        self._ev = None
+
+    @contextlib.contextmanager
+    def step(self):
+        if self._ev is not None:
+            self._ev.query()
+        with super().step():
+            yield self
+        if self._ev is None:
+            self._ev = torch.cuda.Event()
+        self._ev.record(torch.cuda.current_stream())
+
+
+class _EraseNoEvents(Scheduler):
+    """Adaptive erase's Python path without its CUDA event calls: always 'caught up', no end event."""
+
+    def __init__(self):
+        super().__init__("erase")
+
+    def _gpu_caught_up(self):
+        return True
+
+    def _record(self, kind, index, stream):
+        if kind != "end":
+            return super()._record(kind, index, stream)
+
+
 def whole_steps(rounds: int):
     torch.manual_seed(0)
     model = MLPChain(256, device="cuda", dtype=torch.bfloat16)
@@ -69,7 +105,8 @@ def whole_steps(rounds: int):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     step = training_step(model, opt)
     variants = {"sequential": Scheduler("sequential"), "erase": Scheduler("erase"),
-                "sequential again": Scheduler("sequential"), "erase again": Scheduler("erase")}
+                "sequential again": Scheduler("sequential"), "erase again": Scheduler("erase"),
+                "sequential + event query/record": _SeqWithEvents(), "erase without events": _EraseNoEvents()}
     runs = {}
     for name, sched in variants.items():
         def run(sched=sched):
