@@ -13,14 +13,17 @@
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
               into the caller's stream. Without CUDA: sequential semantics.
-              adaptive=True (default) decides once a step, at entry, whether to fork: if
-              the previous step's work had already finished on the GPU when this step
+              adaptive=True (default) decides at the entry of every `decide_every`-th step
+              (default 8) whether to fork, and the steps in between keep the decision: if
+              the step before the deciding one had already finished on the GPU when it
               begins (one event query, no sync), the host is the bottleneck and forks would
-              only add stream calls, so the step runs the sequential path on the caller's
+              only add stream calls, so the steps run the sequential path on the caller's
               stream (same kernels, same occupancy, no events); otherwise every detach
-              point forks. Every detach point forks under CUDA-graph capture, and the first
-              step (nothing to ask yet) runs sequentially. Either way the math is the same:
-              only the streams (and the heads' "auto" occupancy) differ.
+              point forks. Not every step: on the H200 an event query and record a step
+              cost ~1% of a host-bound step, more than their own host time. Every detach
+              point forks under CUDA-graph capture, and the steps before the first decision
+              run sequentially. Either way the math is the same: only the streams (and the
+              heads' "auto" occupancy) differ.
               (From the legacy default stream, the first fork's backward still serialises
               with the next segment: that stream synchronises with all others.)
 
@@ -116,10 +119,12 @@ class Scheduler:
 
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current). adaptive: fork at
-    a detach point only when the GPU is behind the host (see the module docstring).
+    a detach point only when the GPU is behind the host, decided every `decide_every`
+    steps (see the module docstring).
     """
 
-    def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True):
+    def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
+                 decide_every: int = 8):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
@@ -128,6 +133,11 @@ class Scheduler:
             raise ValueError(f"device must be a CUDA device (the streams' device) or None, got {device!r}")
         if not isinstance(adaptive, bool):
             raise ValueError(f"adaptive must be a bool, got {adaptive!r}")
+        if isinstance(decide_every, bool) or not isinstance(decide_every, int) or decide_every < 1:
+            raise ValueError(f"decide_every must be a positive int, got {decide_every!r}")
+        self.decide_every = decide_every
+        self._adaptive_steps = 0   # eager (not captured) adaptive steps so far
+        self._fork = False         # the current decision: fork (GPU behind) or not
         self.mode = mode
         self.n_streams = streams
         self.adaptive = adaptive
@@ -209,11 +219,11 @@ class Scheduler:
         try:
             if self._on_streams:
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                if self.adaptive and not self._capturing and self._gpu_caught_up():
-                    # The GPU finished the previous step before the host began this one: the host
-                    # is the bottleneck, nothing would overlap. Run exactly what sequential runs,
-                    # and no more host calls than it: no stream lookup (the step stays on the
-                    # caller's stream; its end event is recorded there at exit).
+                if self.adaptive and not self._capturing and not self._decide():
+                    # The GPU had finished the previous step before the host began the deciding
+                    # one: the host is the bottleneck, nothing would overlap. Run exactly what
+                    # sequential runs, and no more host calls than it: no stream lookup (the
+                    # step stays on the caller's stream).
                     self._seq_step = True
                 else:
                     caller = self._caller = _current_stream(self._cuda_device)
@@ -228,9 +238,9 @@ class Scheduler:
                 if self._on_streams:
                     if not self._seq_step:
                         self._join()
-                    if self.adaptive and not self._capturing:
-                        # the next step asks whether this one is done (a sequential step never
-                        # left the caller's stream: the current one)
+                    if self.adaptive and not self._capturing and self._adaptive_steps % self.decide_every == 0:
+                        # the next step decides: it asks whether this one is done (a sequential
+                        # step never left the caller's stream: the current one)
                         self._record("end", 0, caller if caller is not None else _current_stream(self._cuda_device))
                 self._keep = []
                 self._bwd_events = {}
@@ -238,8 +248,16 @@ class Scheduler:
                 _local.active = None
                 self._in_step = False
 
+    def _decide(self) -> bool:
+        """Whether this (eager, adaptive) step forks: decided anew every decide_every steps."""
+        n = self._adaptive_steps
+        self._adaptive_steps = n + 1
+        if n % self.decide_every == 0 and n > 0:
+            self._fork = not self._gpu_caught_up()
+        return self._fork
+
     def _gpu_caught_up(self) -> bool:
-        """True when the previous step's work has finished on the GPU (or there was none)."""
+        """True when the step before this one has finished on the GPU (or there was none)."""
         ev = self._events.get(("end", 0))
         return ev is None or ev.query()
 

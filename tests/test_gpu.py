@@ -188,7 +188,7 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
             model(x, y)
         return {k: p.grad.clone() for k, p in model.named_parameters()}
     ref = step(Scheduler("erase", adaptive=False))
-    sched = Scheduler("erase")
+    sched = Scheduler("erase", decide_every=1)  # a decision at every step
     for _ in range(2):
         torch.cuda.synchronize()
         got = step(sched)  # the previous step (if any) is done: sequential
@@ -248,7 +248,7 @@ def test_step_has_no_host_sync():
     model = mlp_chain()
     x, y = torch.randn(1024, 512, device=dev), torch.rand(1024, device=dev).round()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = Scheduler("erase")
+    sched = Scheduler("erase", decide_every=1)  # the adaptive query at every step, under the sync check
     for _ in range(2):  # first call compiles and sizes the grid
         with sched.step():
             model(x, y)
@@ -343,7 +343,7 @@ def test_current_stream_lookup_is_cached_and_exact():
     # a step on a user's stream records its end event there, and joins back into it
     model = mlp_chain(64)
     x, y = torch.randn(128, 64, device=dev), torch.rand(128, device=dev).round()
-    sched = Scheduler("erase", device="cuda")
+    sched = Scheduler("erase", device="cuda", decide_every=1)
     with torch.cuda.stream(s):
         for _ in range(2):
             with sched.step():

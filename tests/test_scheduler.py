@@ -326,7 +326,7 @@ def test_adaptive_plan_on_fake_streams(monkeypatch, share):
     ref = detached_reference(copy.deepcopy(model), x, y)
     gpu_behind = [False]
     log = _fake_cuda(monkeypatch, lambda name: gpu_behind[0])
-    sched = Scheduler("erase")
+    sched = Scheduler("erase", decide_every=1)
 
     def step():
         log.clear()
@@ -354,6 +354,34 @@ def test_adaptive_plan_on_fake_streams(monkeypatch, share):
     sched = Scheduler("erase", adaptive=False)
     assert step()[::2] == [0, 1, 2, 3, "caller"]
     assert not [e for e in log if e[0] == "query"], log
+
+
+def test_adaptive_decides_every_k_steps(monkeypatch):
+    # decide_every=3: steps 0-2 run sequentially (nothing asked yet); only step 2 records the end
+    # event, step 3 queries it and its decision holds for steps 3-5; step 5 records, step 6 decides.
+    torch.manual_seed(0)
+    model = Chain()
+    for hd in model.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    gpu_behind = [True]
+    log = _fake_cuda(monkeypatch, lambda name: gpu_behind[0])
+    sched = Scheduler("erase", decide_every=3)
+    events, forks = [], []
+    for i in range(9):
+        if i == 5:
+            gpu_behind[0] = False  # step 5 keeps step 3's decision; step 6 sees the GPU caught up
+        log.clear()
+        with sched.step():
+            model(x, y)
+        events.append([e for e in log if e[0] in ("query",) or e == ("record", "caller")])
+        forks.append(sched.last_forks)
+    assert forks == [0, 0, 0, 3, 3, 3, 0, 0, 0], forks
+    queries = [i for i, ev in enumerate(events) if ("query", "caller") in ev]
+    assert queries == [3, 6], events
+    assert ("record", "caller") in events[2] and ("record", "caller") not in events[1], events
+    with pytest.raises(ValueError, match="decide_every must be a positive int"):
+        Scheduler("erase", decide_every=0)
 
 
 def test_free_heads_bound_and_summary():
