@@ -6,9 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from erase_triton import LocalHead, Scheduler
+from erase_triton import LocalHead, Scheduler, scheduler
 from erase_triton.reference import head_loss
-from erase_triton import scheduler
 from erase_triton.scheduler import RingPlan
 
 
