@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
-#   parts: tests host step tune side head ce schedule sweep trace bench partition   (default: all; together they need more than
+#   parts: tests host step tune side tiles head ce schedule sweep trace bench partition   (default: all; together they need more than
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS.
 set -u
 RES=${1:-benchmarks/results}; shift || true
-PARTS=${*:-tests host step tune side head ce schedule sweep trace bench partition}
+PARTS=${*:-tests host step tune side tiles head ce schedule sweep trace bench partition}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -25,6 +25,7 @@ for p in $PARTS; do
     step)     timeout ${T_STEP:-90} python3 benchmarks/profile_step.py 2>&1 | grep -v "^$" | head -70 ;;
     tune)     timeout ${T_TUNE:-240} python3 benchmarks/tune_dense_head.py --out "$RES/tune_dense_head.csv" ${TUNE_ARGS:-} | grep -v "^{" ;;
     side)     timeout ${T_SIDE:-120} python3 benchmarks/tune_side_head.py --out "$RES/side_head.csv" | grep -v "^{" ;;
+    tiles)    timeout ${T_TILES:-240} python3 benchmarks/tune_side_head.py --tiles --out "$RES/side_head_tiles.csv" | grep -v "^{" ;;
     ce)       timeout ${T_CE:-200} python3 benchmarks/bench_ce_path.py --out "$RES/ce_path.csv" ${CE_ARGS:-} | grep -v "^{" ;;
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ${SCHED_ARGS:-} | grep -v "^{" ;;
