@@ -80,6 +80,7 @@ class _SeqWithEvents(Scheduler):
             yield self
         if self._ev is None:
             self._ev = torch.cuda.Event()
+        # as measured (host_step_s7d/e.csv): this public lookup adds ~8 µs that erase's cached one does not
         self._ev.record(torch.cuda.current_stream())
 
 

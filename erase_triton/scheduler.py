@@ -129,7 +129,8 @@ class Scheduler:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams must be a positive int or None, got {streams!r}")
-        if device is not None and torch.device(device).type != "cuda":
+        dev = torch.device(device) if device is not None else None
+        if dev is not None and dev.type != "cuda":
             raise ValueError(f"device must be a CUDA device (the streams' device) or None, got {device!r}")
         if not isinstance(adaptive, bool):
             raise ValueError(f"adaptive must be a bool, got {adaptive!r}")
@@ -148,9 +149,9 @@ class Scheduler:
         self.last_trace: list = []
         self.last_forks = 0
         self._in_step = False
-        self._has_cuda = None
-        self._fixed_device = None
-        self._device_by_index: dict = {}
+        # a process does not gain or lose its CUDA runtime: asked once, not at every step
+        self._has_cuda = torch.cuda.is_available()
+        self._fixed_device = dev if dev is not None and dev.index is not None else None  # "cuda": the current one
 
     # ------------------------------------------------------------------ the step
     def _use_streams(self) -> bool:
@@ -170,26 +171,11 @@ class Scheduler:
         ev.record(stream)
         return ev
 
-    def _cuda_available(self) -> bool:
-        avail = self._has_cuda
-        if avail is None:  # asked once: a process does not gain or lose its CUDA runtime
-            avail = self._has_cuda = torch.cuda.is_available()
-        return avail
-
     def _device_now(self) -> torch.device:
-        """The CUDA device of this step: `device`, else the current one (looked up each step,
-        the torch.device object cached per index)."""
-        if self.device is not None:
-            if self._fixed_device is None:
-                dev = torch.device(self.device)
-                self._fixed_device = dev if dev.index is not None else False  # False: "cuda", the current one
-            if self._fixed_device is not False:
-                return self._fixed_device
-        index = torch.cuda.current_device()
-        dev = self._device_by_index.get(index)
-        if dev is None:
-            dev = self._device_by_index[index] = torch.device("cuda", index)
-        return dev
+        """The CUDA device of this step: `device` if it names one, else the current one."""
+        if self._fixed_device is not None:
+            return self._fixed_device
+        return torch.device("cuda", torch.cuda.current_device())
 
     @contextlib.contextmanager
     def step(self):
@@ -199,7 +185,7 @@ class Scheduler:
         if current() is not None:
             raise RuntimeError("another Scheduler.step() is active in this thread")
         self._cuda_device = None
-        if self.mode == "erase" and self._cuda_available():
+        if self.mode == "erase" and self._has_cuda:
             self._cuda_device = self._device_now()
         self._plan = RingPlan(self.n_streams or 8)
         self._seg = 0
