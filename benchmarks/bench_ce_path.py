@@ -1,18 +1,21 @@
-"""Which kernel should a softmax-CE head with a few hundred classes take? The dense kernel
-(a row tile's logits in registers, grad_W partials per row group) against the vocabulary
+"""Which kernel should a softmax-CE head with a few hundred classes take? The small-vocabulary
+kernel (a row tile's C logits in registers, dz through L2 scratch, grad_W as a GEMM split over
+output tiles and row groups), the dense kernel (grad_W partials per row group), the vocabulary
 kernel (online log-sum-exp, grad_W from recomputed logits), and eager PyTorch, at the
 transformer's head shapes, on the whole device and at occupancy 1/8 (beside the next forward).
 
-    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--vocab-only]
-    python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_vocab_tiles.csv
+    python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--paths small,vocab,dense]
+    python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_small_tiles.csv
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
 variant is checked against the float64 reference first. --tiles: a tile grid of the
-vocabulary kernel (block_n x block_v x block_d x warps) at the transformer's head shapes.
+small-vocabulary kernel (phase A row tile and chunks, phase B output tile, warps, stages)
+at the transformer's head shapes; benchmarks/compile_report.py shows which sets spill.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -26,28 +29,44 @@ from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
 from erase_triton.kernels import local_head as lh  # noqa: E402
 from erase_triton.reference import local_head as local_head_reference  # noqa: E402
 
-SHAPES = [(4096, 256, 256), (8192, 512, 256), (4096, 256, 128), (4096, 1024, 256), (4096, 256, 512)]
-DENSE_TILES = [None, LaunchConfig(block_n=16, block_d=64, num_warps=4), LaunchConfig(block_n=32, block_d=64, num_warps=4),
-               LaunchConfig(block_n=32, block_d=64, num_warps=8), LaunchConfig(block_n=16, block_d=128, num_warps=8),
-               LaunchConfig(block_n=32, block_d=128, num_warps=8)]
+SHAPES = [(4096, 256, 256), (8192, 512, 256), (8192, 1024, 256), (4096, 256, 128), (4096, 256, 512)]
+DENSE_TILES = [None, LaunchConfig(block_n=32, block_d=64, num_warps=8)]
+# path -> (DENSE_CE_MAX_C, SMALL_CE_MAX_C): which kernel C = 65..512 takes
+PATHS = {"small": (64, 512), "vocab": (64, 64), "dense": (1 << 20, 1 << 20)}
 
 
-def use_path(dense_max_c: int):
-    lh.DENSE_CE_MAX_C = dense_max_c
+def use_path(path: str):
+    lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C = PATHS[path]
     _clear_plans()
 
 
-# The whole-device grid over bn 16-64 x bv 64-256 x bd 64-256 x 4/8 warps (C=256 D=256, H200:
-# ce_vocab_tiles_full.csv) put 8 warps, bn 32-64, bv 64-128 and bd 128-256 in its top 5.
-VOCAB_TILES = [LaunchConfig(block_n=bn, block_v=bv, block_d=bd, num_warps=8)
-               for bn in (32, 64) for bv in (64, 128) for bd in (128, 256)]
+@contextlib.contextmanager
+def small_blocks(**kw):
+    """Launch the small-vocabulary CE kernel with some of its constexprs (and num_warps) replaced."""
+    orig = lh._small_ce_blocks
+    lh._small_ce_blocks = lambda *a: {**orig(*a), **kw}
+    _clear_plans()
+    try:
+        yield
+    finally:
+        lh._small_ce_blocks = orig
+        _clear_plans()
+
+
+# sets that ptxas compiles without spills at C=256, bf16 (compile_report.py), around the default
+# (BLOCK_N=64, chunks of 64, [128, 128] phase-B tiles, 8 warps, 3 stages)
+SMALL_TILES = [dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=8, BLOCK_CW=cw, BLOCK_DW=dw, NUM_STAGES=st)
+               for cw, dw in ((128, 128), (64, 128), (256, 64)) for st in (2, 3)] + [
+               dict(BLOCK_N=64, BLOCK_K=32, BLOCK_DC=32, num_warps=8, NUM_STAGES=3),
+               dict(BLOCK_N=128, BLOCK_K=64, BLOCK_DC=64, num_warps=16, NUM_STAGES=2),
+               dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=4, NUM_STAGES=3)]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
-    ap.add_argument("--vocab-only", action="store_true", help="skip the dense-kernel variants")
-    ap.add_argument("--tiles", action="store_true", help="tile grid of the vocabulary kernel (transformer shapes)")
+    ap.add_argument("--paths", default="small,vocab,dense", help="kernels to time, comma-separated")
+    ap.add_argument("--tiles", action="store_true", help="tile grid of the small-vocabulary kernel (transformer shapes)")
     args = ap.parse_args()
     meta = metadata()
     rows = []
@@ -67,25 +86,34 @@ def main():
             loss.backward()
         rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
         print(rows[-1], flush=True)
-        for path, max_c in (("vocab", 64),) + (() if args.vocab_only or args.tiles else (("dense", 1 << 20),)):
-            use_path(max_c)
+        for path in (["small"] if args.tiles else args.paths.split(",")):
+            use_path(path)
             for occ in (None, 0.125):
-                tiles = DENSE_TILES if path == "dense" else ([None] + VOCAB_TILES if args.tiles else [None])
+                tiles = DENSE_TILES if path == "dense" else ([None] + SMALL_TILES if args.tiles else [None])
                 for t in tiles:
-                    cfg = LaunchConfig(occupancy=occ) if t is None else LaunchConfig(
-                        occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d, num_warps=t.num_warps)
-                    name = "auto" if t is None else f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
+                    over = {}
+                    if isinstance(t, dict):  # small-kernel constexprs
+                        cfg, over = LaunchConfig(occupancy=occ), t
+                        name = ",".join(f"{k}={v}" for k, v in t.items())
+                    elif t is None:
+                        cfg, name = LaunchConfig(occupancy=occ), "auto"
+                    else:
+                        cfg = LaunchConfig(occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d,
+                                           num_warps=t.num_warps)
+                        name = f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
                     row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
-                        out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
-                        row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
-                        row["us"] = graph_us(lambda: fused_local_head(h, w, b, y, loss="ce", config=cfg))
+                        with small_blocks(**over) if over else contextlib.nullcontext():
+                            out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
+                            row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
+                            row["us"] = graph_us(lambda: fused_local_head(h, w, b, y, loss="ce", config=cfg))
                     except Exception as ex:  # a tile that does not fit must not lose the study
                         row["error"] = repr(ex)[:160]
                     rows.append(row)
                     print(rows[-1], flush=True)
         write_csv(args.out, rows, meta)
-    use_path(64)
+    use_path("small")
+    lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C = 64, 256
     best = {}
     for r in rows:
         if "us" in r and r.get("max_rel_err", 0) < 2e-2:

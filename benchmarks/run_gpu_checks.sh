@@ -5,7 +5,8 @@
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
-# Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS.
+# Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS;
+# TESTS_K selects tests (pytest -k), CE_OUT names the ce part's CSV.
 set -u
 RES=${1:-benchmarks/results}; shift || true
 PARTS=${*:-tests host step tune side tiles head ce schedule sweep trace bench partition}
@@ -20,13 +21,13 @@ for p in $PARTS; do
   echo "=== $p $(date +%T)"
   case $p in
     tests)    timeout ${T_TESTS:-420} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
-                tests/test_local_head.py -k "gpu or N781 or sum_reduction or deterministic or narrow or atomic" 2>&1 | tail -30 ;;
+                tests/test_local_head.py -k "${TESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce}" 2>&1 | tail -30 ;;
     host)     timeout ${T_HOST:-60} python3 benchmarks/profile_host.py 2>&1 | head -40 ;;
     step)     timeout ${T_STEP:-90} python3 benchmarks/profile_step.py 2>&1 | grep -v "^$" | head -70 ;;
     tune)     timeout ${T_TUNE:-240} python3 benchmarks/tune_dense_head.py --out "$RES/tune_dense_head.csv" ${TUNE_ARGS:-} | grep -v "^{" ;;
     side)     timeout ${T_SIDE:-120} python3 benchmarks/tune_side_head.py --out "$RES/side_head.csv" | grep -v "^{" ;;
     tiles)    timeout ${T_TILES:-240} python3 benchmarks/tune_side_head.py --tiles --out "$RES/side_head_tiles.csv" | grep -v "^{" ;;
-    ce)       timeout ${T_CE:-200} python3 benchmarks/bench_ce_path.py --out "$RES/ce_path.csv" ${CE_ARGS:-} | grep -v "^{" ;;
+    ce)       timeout ${T_CE:-200} python3 benchmarks/bench_ce_path.py --out "$RES/${CE_OUT:-ce_path.csv}" ${CE_ARGS:-} | grep -v "^{" ;;
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ${SCHED_ARGS:-} | grep -v "^{" ;;
     sweep)    timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" ${SWEEP_ARGS:-} | grep -v "^{" ;;

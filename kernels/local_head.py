@@ -1,11 +1,15 @@
 """Fused local head: logits = h W^T + b, the loss, grad_h, grad_W and grad_b in ONE launch.
 
-Two kernels share one skeleton (derivation and schedule: docs/local_head.md):
+Three kernels share one skeleton (derivation and schedule: docs/local_head.md):
 
 * `_dense_head_kernel`  -- C <= 64 ("bce", "mse", and "ce" with few classes). A row
   tile's logits fit in registers, so dz is known after one pass over D; grad_h is
   written at once and grad_W is summed per *row group* into a private fp32 slot.
-* `_vocab_ce_kernel`    -- "ce" with C > 64 (vocabularies up to 128K). Phase A runs
+* `_small_ce_kernel`    -- "ce" with 64 < C <= 256. Phase A: per row tile, the C logits in
+  registers (exact softmax), dz to an L2-resident scratch in h's dtype, grad_h = dz W.
+  Phase B: the GEMM grad_W = dz^T h split over output tiles and row groups (split-K), so a
+  grid of a few SMs still has work for every program; phase R sums the group rows.
+* `_vocab_ce_kernel`    -- "ce" with C > 256 (vocabularies up to 128K). Phase A runs
   over row tiles with an online log-sum-exp and accumulates grad_h = softmax @ W
   flash-attention style; phase B runs over vocabulary tiles and sums grad_W from
   recomputed logits and the lse saved by phase A.
@@ -41,6 +45,10 @@ MAX_DENSE_C = 64
 # "ce" with C up to this takes the dense kernel (logits of a row tile in registers);
 # above it, the vocabulary kernel. The threshold is measured (benchmarks/bench_ce_path.py).
 DENSE_CE_MAX_C = 64
+# "ce" with DENSE_CE_MAX_C < C <= SMALL_CE_MAX_C takes the small-vocabulary kernel (a row
+# tile's C logits in registers, dz through L2 scratch, grad_W split over row groups); above
+# it, the vocabulary kernel. Measured: benchmarks/bench_ce_path.py.
+SMALL_CE_MAX_C = 256
 MAX_VOCAB = 131072
 
 # Counter slots in the int32 workspace (the kernels index ctr_ptr + slot):
@@ -479,6 +487,140 @@ def _vocab_ce_kernel(
     _exit(ctr_ptr, n_programs, N_CTR)
 
 
+# ------------------------------------------------------------------ small-vocabulary CE kernel
+@triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
+def _small_ce_kernel(
+    h_ptr,        # [N, D] input rows (unit stride along D)
+    w_ptr,        # [C, D] head weight, contiguous
+    b_ptr,        # [C] head bias (unused without HAS_BIAS)
+    y_ptr,        # [N] int targets (ignore_index skips a row)
+    gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    gw_ptr,       # [C, D] out: grad_W, weight's dtype
+    gb_ptr,       # [C] out: grad_b
+    loss_ptr,     # [1] out: loss, fp32
+    ws_ptr,       # fp32 workspace: loss per row tile [n_tiles, padded] | group rows [G, stride_g] (G > 1)
+                  #                 | dz [N, BLOCK_C] in h's dtype
+    acc_ptr,      # unused here (same launch signature as the other kernels)
+    ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
+    N, D, C, stride_h, stride_g, ignore_index, inv_count,
+    n_tiles, n_groups, tiles_per_group, n_programs,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
+    BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    N_CTR: tl.constexpr,
+):
+    # C <= 256: a row tile's logits fit in registers, so the softmax is exact in one pass (no
+    # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
+    # the loss, dz = dLoss/dz (to an L2-resident scratch in h's dtype) and grad_h = dz W.
+    # Phase B: the GEMM grad_W = dz^T h, split over output tiles AND row groups (split-K), so
+    # every program has work even at low occupancy; with several groups, phase R sums the
+    # group rows in a fixed order. Deterministic: no float atomics.
+    if CE_MEAN:
+        scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
+    else:
+        scale = inv_count
+    part_l_ptr = ws_ptr
+    part_ptr = ws_ptr + tl.cdiv(n_tiles, 16) * 16
+    n_gr = tl.where(n_groups > 1, n_groups, 0)
+    dz_ptr = (part_ptr + n_gr.to(tl.int64) * stride_g).to(tl.pointer_type(gh_ptr.dtype.element_ty))
+    o_c = tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+
+    # ---- phase A: row tiles -> loss partial, dz, grad_h
+    t = _claim(ctr_ptr + 2)
+    while t < n_tiles:
+        o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+        m_n = o_n < N
+        b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+        for k0 in tl.range(0, D, BLOCK_K, num_stages=NUM_STAGES):
+            o_k = k0 + tl.arange(0, BLOCK_K)
+            m_k = o_k < D
+            b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+            b_w = tl.load(w_ptr + o_c[:, None] * D + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)
+            b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+        if HAS_BIAS:
+            b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+        # one [BLOCK_N, BLOCK_C] fp32 tile live at a time (z, then e, then dz)
+        b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+        m_row = m_n & (b_t != ignore_index)
+        b_hot = o_c[None, :] == b_t[:, None]
+        b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
+        b_z = tl.where(m_c[None, :], b_z, float("-inf"))
+        b_max = tl.max(b_z, axis=1)
+        b_z = tl.exp(b_z - b_max[:, None])
+        b_s = tl.sum(b_z, axis=1)
+        tl.store(part_l_ptr + t + tl.arange(0, 1),
+                 tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
+        b_r = tl.where(m_row, scale, 0.0)
+        b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(b_hot, b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
+        # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
+        tl.store(dz_ptr + o_n[:, None] * BLOCK_C + o_c[None, :], b_dz, mask=m_n[:, None])
+        for d0 in tl.range(0, D, BLOCK_DC, num_stages=NUM_STAGES):
+            o_d = d0 + tl.arange(0, BLOCK_DC)
+            m_d = o_d < D
+            b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+            b_gh = _dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
+            tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
+                     mask=m_n[:, None] & m_d[None, :])
+        _item_done(ctr_ptr + 3)
+        t = _claim(ctr_ptr + 2)
+    _wait_all(ctr_ptr + 3, n_tiles)
+
+    # ---- phase B: (output tile [BLOCK_CW, BLOCK_DW], row group) -> grad_W = dz^T h, grad_b
+    n_dw = tl.cdiv(D, BLOCK_DW)
+    n_b = tl.cdiv(C, BLOCK_CW) * n_dw * n_groups
+    item = _claim(ctr_ptr + 4)
+    while item < n_b:
+        if item == 0:
+            tl.store(loss_ptr + tl.arange(0, 1), _sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+        g = item % n_groups
+        tile = item // n_groups
+        dw = tile % n_dw
+        o_v = (tile // n_dw) * BLOCK_CW + tl.arange(0, BLOCK_CW)
+        m_v = o_v < C
+        o_d = dw * BLOCK_DW + tl.arange(0, BLOCK_DW)
+        m_d = o_d < D
+        b_acc = tl.zeros([BLOCK_CW, BLOCK_DW], dtype=tl.float32)
+        b_gb = tl.zeros([BLOCK_CW], dtype=tl.float32)
+        r_lo = g * tiles_per_group * BLOCK_KW
+        r_hi = tl.minimum(r_lo + tiles_per_group * BLOCK_KW, N)
+        for r0 in tl.range(r_lo, r_hi, BLOCK_KW, num_stages=NUM_STAGES):
+            o_r = r0 + tl.arange(0, BLOCK_KW).to(tl.int64)
+            m_r = o_r < N
+            b_dz = tl.load(dz_ptr + o_r[:, None] * BLOCK_C + o_v[None, :], mask=m_r[:, None], other=0.0,
+                           cache_modifier=".cg")
+            b_hd = tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
+            b_acc += _dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
+            if HAS_BIAS:
+                b_gb += tl.sum(b_dz.to(tl.float32), axis=0)
+        o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
+        m_w = m_v[:, None] & m_d[None, :]
+        if n_groups == 1:
+            _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
+            if HAS_BIAS:
+                if dw == 0:
+                    _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
+        else:
+            p_row = part_ptr + g.to(tl.int64) * stride_g
+            tl.store(p_row + o_w, b_acc, mask=m_w)
+            if dw == 0:
+                tl.store(p_row + C * D + o_v, b_gb, mask=m_v)
+        _item_done(ctr_ptr + 5)
+        item = _claim(ctr_ptr + 4)
+
+    # ---- phase R (only with several row groups): fixed-order sum over groups
+    if n_groups > 1:
+        _wait_all(ctr_ptr + 5, n_b)
+        n_r = tl.cdiv(C * D + C, BLOCK_R)
+        r = _claim(ctr_ptr + 6)
+        while r < n_r:
+            _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                         HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
+            r = _claim(ctr_ptr + 6)
+    _exit(ctr_ptr, n_programs, N_CTR)
+
+
 # ------------------------------------------------------------------------------ launcher
 class _Workspace:
     """Per-(device, stream) scratch: zeroed int32 counters, a grow-only fp32 buffer, and a
@@ -581,6 +723,32 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
                 num_warps=cfg.num_warps or warps)
 
 
+_SMALL_MIN_RB = 4  # row blocks per phase-B item of the small CE kernel, at least
+
+
+def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) -> dict:
+    dp = max(next_pow2(D), 16)
+    block_c = max(16, next_pow2(C))
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for the small-vocabulary CE kernel (tl.dot tiles), got {cfg.block_n}")
+    if cuda:
+        # phase A: 64-row tiles, K chunks of 64 (logits) and D chunks of 64 (grad_h), both
+        # pipelined 3 deep; phase B: [128, 128] grad_W tiles over 64-row steps. ptxas, sm_90a,
+        # C=256 D=512 (benchmarks/compile_report.py): bf16 187 registers, no spills, 136 KB
+        # shared; fp32 needs chunks of 32 to fit (231 registers, 168 KB; with 64: 272 KB).
+        chunk = 64 if esize <= 2 else 32
+        # (C up to 512 only for measurement: 32-row tiles keep the logits to 64 registers)
+        bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
+        bcw, bdw, bkw = cfg.block_v or min(block_c, 128), cfg.block_d or min(dp, 128), 64
+        warps, stages = cfg.num_warps or 8, cfg.num_stages or 3
+    else:  # interpreter: fewer, bigger tiles
+        bn, bk, bdc = cfg.block_n or 128, min(dp, 256), min(dp, 256)
+        bcw, bdw, bkw = cfg.block_v or block_c, cfg.block_d or min(dp, 256), 128
+        warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
+    return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=8, BLOCK_R=512, num_warps=warps)
+
+
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
     dp = max(next_pow2(D), 16)
     if cfg.block_n is not None and cfg.block_n < 16:
@@ -599,10 +767,10 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
 class _Plan:
     """Everything about a launch that does not depend on N, computed once per key."""
 
-    __slots__ = ("kernel", "dense", "constexprs", "num_warps", "p_occ")
+    __slots__ = ("kernel", "kind", "constexprs", "num_warps", "p_occ")
 
-    def __init__(self, kernel, dense, constexprs, num_warps):
-        self.kernel, self.dense, self.constexprs, self.num_warps = kernel, dense, constexprs, num_warps
+    def __init__(self, kernel, kind, constexprs, num_warps):
+        self.kernel, self.kind, self.constexprs, self.num_warps = kernel, kind, constexprs, num_warps
         self.p_occ = None
 
 
@@ -620,19 +788,24 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     p = _PLANS.get(key)
     if p is not None:
         return p
-    dense = loss != "ce" or C <= DENSE_CE_MAX_C
-    blk = _dense_blocks(D, C, cfg, cuda, deterministic) if dense else _vocab_blocks(D, cfg, cuda)
+    kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
+    if kind == "dense":
+        blk = _dense_blocks(D, C, cfg, cuda, deterministic)
+    elif kind == "small":
+        blk = _small_ce_blocks(D, C, cfg, cuda, h_dtype.itemsize)
+    else:
+        blk = _vocab_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR, **blk)
-    if dense:
+    if kind == "dense":
         cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
         kernel = _dense_head_kernel
     else:
         cx.update(CE_MEAN=reduction == "mean")
-        kernel = _vocab_ce_kernel
+        kernel = _small_ce_kernel if kind == "small" else _vocab_ce_kernel
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
-    p = _PLANS[key] = _Plan(kernel, dense, cx, num_warps)
+    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps)
     return p
 
 
@@ -723,7 +896,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
     plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
     cx = plan.constexprs
-    if plan.dense and cx["STRIDED"] and not cx["ATOMIC"]:
+    if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"]:
         # a static tile split needs no claims only where no grid barrier waits on other programs
         raise ValueError("STRIDED row tiles need the ATOMIC (non-deterministic, one weight tile) dense kernel")
     b_arg = bias if has_bias else weight
@@ -738,7 +911,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                 N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
 
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
-    if plan.dense:
+    if plan.kind == "dense":
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
         if cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
             tpg = 1
@@ -756,6 +929,18 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
             P = min(p_occ, max(G, n_r))  # no program without work
             n_buf, n_acc = G * stride_g, 0
+    elif plan.kind == "small":
+        inv_count = 1.0
+        n_out = _cdiv(C, cx["BLOCK_CW"]) * _cdiv(D, cx["BLOCK_DW"])
+        n_rb = _cdiv(N, cx["BLOCK_KW"])
+        # split-K: enough row groups that phase B fills the grid, each at least MIN_RB row blocks
+        # long (something for the load pipeline to overlap)
+        G = max(1, min(_cdiv(p_occ, n_out), n_rb // _SMALL_MIN_RB))
+        tpg = _cdiv(n_rb, G)
+        G = _cdiv(n_rb, tpg)
+        P = min(p_occ, max(n_tiles, n_out * G))
+        dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
+        n_buf, n_acc = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats, 0
     else:
         inv_count = 1.0
         n_v = _cdiv(C, cx["BLOCK_V"])

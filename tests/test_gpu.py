@@ -70,6 +70,8 @@ def test_signature_cache_hits_and_stays_exact():
     ("ce", 4096, 512, 32000, torch.bfloat16),
     ("ce", 2048, 256, 131072, torch.bfloat16),
     ("ce", 3001, 130, 1000, torch.float32),
+    ("ce", 65536, 512, 256, torch.bfloat16),  # the small-vocabulary kernel, many row groups
+    ("ce", 30001, 130, 200, torch.float32),
 ])
 def test_kernel_at_scale(loss, N, D, C, dtype):
     g = torch.Generator(device=dev).manual_seed(0)

@@ -94,6 +94,56 @@ def test_ce_vocab_large_rows(device):
     check("ce", 781, 130, 1000, torch.float32, False, 1.0, device)
 
 
+# The small-vocabulary CE kernel (64 < C <= 256): odd and full class counts, every dtype,
+# ignored rows, with and without bias, and row groups (split-K phase B + phase R) where N is
+# long enough (1100 rows under the interpreter: 9 row blocks of 128, 2 groups at occupancy 1/2).
+SMALL_CE = [(63, 50, 65, "fp32", True, None, "mean"), (781, 130, 130, "bf16", False, 1 / 32, "mean"),
+            (1100, 64, 256, "fp16", True, 0.5, "mean"), (1100, 48, 200, "fp32", False, 0.5, "sum"),
+            (1, 130, 100, "bf16", True, None, "sum")]
+
+
+@pytest.mark.parametrize("N,D,C,dt,bias,occupancy,reduction", SMALL_CE,
+                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}" for c in SMALL_CE])
+def test_small_ce_kernel_matches_reference(N, D, C, dt, bias, occupancy, reduction, device):
+    klh._PLANS.clear()
+    check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction,
+          config=LaunchConfig(occupancy=occupancy))
+    assert {p.kind for p in klh._PLANS.values()} == {"small"}
+
+
+def test_small_ce_kernel_splits_rows_into_groups(device):
+    # what SMALL_CE's N=1100 cases rely on: the launch really has several row groups
+    h, w, b, y = make("ce", 1100, 64, 256, torch.float32, True, device)
+    cfg = LaunchConfig(occupancy=0.5)
+    gw, gb = torch.empty_like(w), torch.empty_like(b)
+    hl = klh.prepare_launch(h, w, b, y, "ce", "mean", -100, cfg, gw, gb, False)
+    assert hl.plan.kind == "small" and hl.ints[8] == 2  # n_groups
+
+
+def test_small_ce_kernel_accumulates_and_is_deterministic(device):
+    h, w, b, y = make("ce", 1100, 48, 130, torch.float32, True, device)
+    gw0, gb0 = torch.randn_like(w), torch.randn_like(b)
+    outs = []
+    for _ in range(2):
+        gw, gb = gw0.clone(), gb0.clone()
+        loss, gh = local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
+                                   config=LaunchConfig(occupancy=0.5), grad_weight=gw, grad_bias=gb, accumulate=True)
+        outs.append((loss, gh, gw, gb))
+    ref = reference.local_head(h, w, b, y, loss="ce")
+    torch.testing.assert_close(outs[0][2], gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(outs[0][3], gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
+    for x, z in zip(*outs):
+        assert torch.equal(x, z)
+
+
+def test_small_ce_all_rows_ignored(device):
+    h, w, b, y = make("ce", 20, 16, 100, torch.float32, True, device)
+    y.fill_(-100)
+    out = fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    assert torch.isnan(out.loss)
+    assert (out.grad_h == 0).all() and (out.grad_weight == 0).all() and (out.grad_bias == 0).all()
+
+
 @pytest.mark.parametrize("loss,C", [("bce", 3), ("ce", 1000)])
 def test_small_tiles_many_chunks(loss, C, device):
     # forces several D chunks and many row groups: exercises the partial-sum paths
@@ -168,6 +218,9 @@ def test_narrow_row_tiles_need_c1(device):
     with pytest.raises(ValueError, match="block_n must be >= 16 when C > 1"):
         fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(block_n=8))
     h, w, b, y = make("ce", 8, 4, 100, torch.float32, True, device)
+    with pytest.raises(ValueError, match="block_n must be >= 16 for the small-vocabulary CE kernel"):
+        fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
+    h, w, b, y = make("ce", 8, 4, 300, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 for the vocabulary kernel"):
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
 

@@ -1,0 +1,101 @@
+"""Registers, spills, shared memory and MMA version of a fused-head kernel for sm_90a, without a GPU.
+
+    python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--set BLOCK_N=32 ...]
+
+Builds the launch plan the library would build for a CUDA tensor of that shape (same
+constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
+the bundled ptxas with -v. Spills, the MMA version (3 = wgmma) and async copies (pipelined loads) decide whether a tile
+set is worth a GPU minute. --set overrides constexprs of the plan (and num_warps).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the device, not the interpreter
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.compiler import ASTSource, compile as triton_compile  # noqa: E402
+
+from erase_triton.kernels import launch as kl  # noqa: E402
+from erase_triton.kernels import local_head as lh  # noqa: E402
+
+_DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+# pointer arguments: which dtype each points to (h-like ones follow --dtype)
+_PTRS = {"h_ptr": "h", "w_ptr": "h", "b_ptr": "h", "y_ptr": "i64", "gh_ptr": "h", "gw_ptr": "h", "gb_ptr": "h",
+         "loss_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
+_INTS = {"inv_count": "fp32"}
+
+
+def plan_constexprs(loss, C, D, dtype, occupancy, deterministic):
+    import torch
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic)
+    precision = "tf32" if dtype == "fp32" else "ieee"
+    plan = lh._plan(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
+    return plan
+
+
+def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90) -> dict:
+    cx = dict(plan.constexprs)
+    warps = int(overrides.pop("num_warps", plan.num_warps))
+    for k, v in overrides.items():
+        cx[k] = type(cx[k])(v) if not isinstance(cx[k], bool) else v in ("1", "True", "true")
+    fn = plan.kernel
+    sig = {}
+    for name in fn.arg_names:
+        if name in cx:
+            sig[name] = "constexpr"
+        elif name in _PTRS:
+            t = _PTRS[name]
+            sig[name] = "*" + (_DT[dtype] if t == "h" else t)
+        else:
+            sig[name] = _INTS.get(name, "i32")
+    # what the JIT would specialise on: 16-byte aligned pointers (library-allocated or checked
+    # by the launch signature) and ints divisible by 16 outside do_not_specialize. Without
+    # these hints nothing vectorises and no loop is pipelined (cp.async needs >= 4 bytes).
+    attrs = {}
+    for i, name in enumerate(fn.arg_names):
+        if sig[name].startswith("*") or (name in ints and ints[name] % 16 == 0 and name not in fn.do_not_specialize):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
+    ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.ptx")
+        open(p, "w").write(ck.asm["ptx"])
+        r = subprocess.run([get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", p, "-o", p + ".o"],
+                           capture_output=True, text=True)
+    log = r.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    mma = sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))
+    return dict(kernel=fn.__name__, num_warps=warps, regs=int(regs.group(1)) if regs else None,
+                spill_bytes=int(spill.group(1)) if spill else None, shared=ck.metadata.shared,
+                mma_versions=",".join(mma) or "-", async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k == "NUM_STAGES"})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loss", default="ce")
+    ap.add_argument("--C", type=int, default=256)
+    ap.add_argument("--D", type=int, default=512)
+    ap.add_argument("--dtype", default="bf16", choices=list(_DT))
+    ap.add_argument("--occupancy", type=float, default=None)
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], help="constexpr overrides, NAME=VALUE")
+    args = ap.parse_args()
+    plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic)
+    over = dict(kv.split("=", 1) for kv in args.set)
+    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16)
+    r = report(plan, args.dtype, over, ints)
+    print(" ".join(f"{k}={v}" for k, v in r.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
