@@ -745,8 +745,10 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
         bn, bk, bdc = cfg.block_n or 128, min(dp, 256), min(dp, 256)
         bcw, bdw, bkw = cfg.block_v or block_c, cfg.block_d or min(dp, 256), 128
         warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
+    # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
+    # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
     return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
-                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=8, BLOCK_R=512, num_warps=warps)
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, num_warps=warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:

@@ -117,7 +117,7 @@ def test_small_ce_kernel_splits_rows_into_groups(device):
     cfg = LaunchConfig(occupancy=0.5)
     gw, gb = torch.empty_like(w), torch.empty_like(b)
     hl = klh.prepare_launch(h, w, b, y, "ce", "mean", -100, cfg, gw, gb, False)
-    assert hl.plan.kind == "small" and hl.ints[8] == 2  # n_groups
+    assert hl.plan.kind == "small" and hl.ints[8] > 1  # n_groups (2 under the interpreter's 4 pretend SMs)
 
 
 def test_small_ce_kernel_accumulates_and_is_deterministic(device):
