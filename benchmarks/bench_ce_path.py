@@ -59,7 +59,8 @@ SMALL_TILES = [dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=8, BLOCK_CW=c
                for cw, dw in ((128, 128), (64, 128), (256, 64)) for st in (2, 3)] + [
                dict(BLOCK_N=64, BLOCK_K=32, BLOCK_DC=32, num_warps=8, NUM_STAGES=3),
                dict(BLOCK_N=128, BLOCK_K=64, BLOCK_DC=64, num_warps=16, NUM_STAGES=2),
-               dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=4, NUM_STAGES=3)]
+               dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=4, NUM_STAGES=3),
+               dict(PHASES=1), dict(PHASES=2)]  # the default stopped after phase A / B: phase times by difference
 
 
 def main():
@@ -105,7 +106,9 @@ def main():
                     try:
                         with small_blocks(**over) if over else contextlib.nullcontext():
                             out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
-                            row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref))
+                            if over.get("PHASES", 3) == 3:  # a stopped kernel leaves outputs unwritten
+                                row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item()
+                                                         for o, r in zip(out, ref))
                             row["us"] = graph_us(lambda: fused_local_head(h, w, b, y, loss="ce", config=cfg))
                     except Exception as ex:  # a tile that does not fit must not lose the study
                         row["error"] = repr(ex)[:160]

@@ -508,14 +508,15 @@ def _small_ce_kernel(
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
     BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    N_CTR: tl.constexpr,
+    N_CTR: tl.constexpr, PHASES: tl.constexpr,
 ):
     # C <= 256: a row tile's logits fit in registers, so the softmax is exact in one pass (no
     # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
     # the loss, dz = dLoss/dz (to an L2-resident scratch in h's dtype) and grad_h = dz W.
     # Phase B: the GEMM grad_W = dz^T h, split over output tiles AND row groups (split-K), so
     # every program has work even at low occupancy; with several groups, phase R sums the
-    # group rows in a fixed order. Deterministic: no float atomics.
+    # group rows in a fixed order. Deterministic: no float atomics. PHASES < 3 stops early
+    # (A only, or A and B): a profiling knob for timing the phases by difference.
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
@@ -567,57 +568,59 @@ def _small_ce_kernel(
         t = _claim(ctr_ptr + 2)
     _wait_all(ctr_ptr + 3, n_tiles)
 
-    # ---- phase B: (output tile [BLOCK_CW, BLOCK_DW], row group) -> grad_W = dz^T h, grad_b
-    n_dw = tl.cdiv(D, BLOCK_DW)
-    n_b = tl.cdiv(C, BLOCK_CW) * n_dw * n_groups
-    item = _claim(ctr_ptr + 4)
-    while item < n_b:
-        if item == 0:
-            tl.store(loss_ptr + tl.arange(0, 1), _sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
-        g = item % n_groups
-        tile = item // n_groups
-        dw = tile % n_dw
-        o_v = (tile // n_dw) * BLOCK_CW + tl.arange(0, BLOCK_CW)
-        m_v = o_v < C
-        o_d = dw * BLOCK_DW + tl.arange(0, BLOCK_DW)
-        m_d = o_d < D
-        b_acc = tl.zeros([BLOCK_CW, BLOCK_DW], dtype=tl.float32)
-        b_gb = tl.zeros([BLOCK_CW], dtype=tl.float32)
-        r_lo = g * tiles_per_group * BLOCK_KW
-        r_hi = tl.minimum(r_lo + tiles_per_group * BLOCK_KW, N)
-        for r0 in tl.range(r_lo, r_hi, BLOCK_KW, num_stages=NUM_STAGES):
-            o_r = r0 + tl.arange(0, BLOCK_KW).to(tl.int64)
-            m_r = o_r < N
-            b_dz = tl.load(dz_ptr + o_r[:, None] * BLOCK_C + o_v[None, :], mask=m_r[:, None], other=0.0,
-                           cache_modifier=".cg")
-            b_hd = tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
-            b_acc += _dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
-            if HAS_BIAS:
-                b_gb += tl.sum(b_dz.to(tl.float32), axis=0)
-        o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
-        m_w = m_v[:, None] & m_d[None, :]
-        if n_groups == 1:
-            _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
-            if HAS_BIAS:
-                if dw == 0:
-                    _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
-        else:
-            p_row = part_ptr + g.to(tl.int64) * stride_g
-            tl.store(p_row + o_w, b_acc, mask=m_w)
-            if dw == 0:
-                tl.store(p_row + C * D + o_v, b_gb, mask=m_v)
-        _item_done(ctr_ptr + 5)
+    if PHASES > 1:
+        # ---- phase B: (output tile [BLOCK_CW, BLOCK_DW], row group) -> grad_W = dz^T h, grad_b
+        n_dw = tl.cdiv(D, BLOCK_DW)
+        n_b = tl.cdiv(C, BLOCK_CW) * n_dw * n_groups
         item = _claim(ctr_ptr + 4)
+        while item < n_b:
+            if item == 0:
+                tl.store(loss_ptr + tl.arange(0, 1), _sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+            g = item % n_groups
+            tile = item // n_groups
+            dw = tile % n_dw
+            o_v = (tile // n_dw) * BLOCK_CW + tl.arange(0, BLOCK_CW)
+            m_v = o_v < C
+            o_d = dw * BLOCK_DW + tl.arange(0, BLOCK_DW)
+            m_d = o_d < D
+            b_acc = tl.zeros([BLOCK_CW, BLOCK_DW], dtype=tl.float32)
+            b_gb = tl.zeros([BLOCK_CW], dtype=tl.float32)
+            r_lo = g * tiles_per_group * BLOCK_KW
+            r_hi = tl.minimum(r_lo + tiles_per_group * BLOCK_KW, N)
+            for r0 in tl.range(r_lo, r_hi, BLOCK_KW, num_stages=NUM_STAGES):
+                o_r = r0 + tl.arange(0, BLOCK_KW).to(tl.int64)
+                m_r = o_r < N
+                b_dz = tl.load(dz_ptr + o_r[:, None] * BLOCK_C + o_v[None, :], mask=m_r[:, None], other=0.0,
+                               cache_modifier=".cg")
+                b_hd = tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
+                b_acc += _dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
+                if HAS_BIAS:
+                    b_gb += tl.sum(b_dz.to(tl.float32), axis=0)
+            o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
+            m_w = m_v[:, None] & m_d[None, :]
+            if n_groups == 1:
+                _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
+                if HAS_BIAS:
+                    if dw == 0:
+                        _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
+            else:
+                p_row = part_ptr + g.to(tl.int64) * stride_g
+                tl.store(p_row + o_w, b_acc, mask=m_w)
+                if dw == 0:
+                    tl.store(p_row + C * D + o_v, b_gb, mask=m_v)
+            _item_done(ctr_ptr + 5)
+            item = _claim(ctr_ptr + 4)
 
-    # ---- phase R (only with several row groups): fixed-order sum over groups
-    if n_groups > 1:
-        _wait_all(ctr_ptr + 5, n_b)
-        n_r = tl.cdiv(C * D + C, BLOCK_R)
-        r = _claim(ctr_ptr + 6)
-        while r < n_r:
-            _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                         HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
-            r = _claim(ctr_ptr + 6)
+        # ---- phase R (only with several row groups): fixed-order sum over groups
+        if PHASES > 2:
+            if n_groups > 1:
+                _wait_all(ctr_ptr + 5, n_b)
+                n_r = tl.cdiv(C * D + C, BLOCK_R)
+                r = _claim(ctr_ptr + 6)
+                while r < n_r:
+                    _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                                 HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
+                    r = _claim(ctr_ptr + 6)
     _exit(ctr_ptr, n_programs, N_CTR)
 
 
@@ -748,7 +751,8 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
     # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
     # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
     return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
-                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, num_warps=warps)
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3,
+                num_warps=warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
