@@ -529,8 +529,11 @@ def _small_ce_kernel(
     m_c = o_c < C
 
     # ---- phase A: row tiles -> loss partial, dz, grad_h
+    # Each program claims its next item when it starts one, so the claim's round trip to
+    # L2 overlaps the item's work instead of preceding the next one.
     t = _claim(ctr_ptr + 2)
     while t < n_tiles:
+        t_next = _claim(ctr_ptr + 2)
         o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
         m_n = o_n < N
         b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
@@ -565,7 +568,7 @@ def _small_ce_kernel(
             tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
                      mask=m_n[:, None] & m_d[None, :])
         _item_done(ctr_ptr + 3)
-        t = _claim(ctr_ptr + 2)
+        t = t_next
     _wait_all(ctr_ptr + 3, n_tiles)
 
     if PHASES > 1:
@@ -574,6 +577,7 @@ def _small_ce_kernel(
         n_b = tl.cdiv(C, BLOCK_CW) * n_dw * n_groups
         item = _claim(ctr_ptr + 4)
         while item < n_b:
+            item_next = _claim(ctr_ptr + 4)
             if item == 0:
                 tl.store(loss_ptr + tl.arange(0, 1), _sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
             g = item % n_groups
@@ -609,7 +613,7 @@ def _small_ce_kernel(
                 if dw == 0:
                     tl.store(p_row + C * D + o_v, b_gb, mask=m_v)
             _item_done(ctr_ptr + 5)
-            item = _claim(ctr_ptr + 4)
+            item = item_next
 
         # ---- phase R (only with several row groups): fixed-order sum over groups
         if PHASES > 2:
