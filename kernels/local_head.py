@@ -498,8 +498,8 @@ def _small_ce_kernel(
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
-    ws_ptr,       # fp32 workspace: loss per row tile [n_tiles, padded] | grad_b per row tile [n_tiles, BLOCK_C]
-                  #                 | group rows [G, stride_g] (G > 1) | dz [N, BLOCK_C] in h's dtype
+    ws_ptr,       # fp32 workspace: loss per row tile [n_tiles, padded] | group rows [G, stride_g] (G > 1)
+                  #                 | dz [N, BLOCK_C] in h's dtype
     acc_ptr,      # unused here (same launch signature as the other kernels)
     ctr_ptr,      # [16] int32 workspace: phase counters, zero on entry and on exit
     N, D, C, stride_h, stride_g, ignore_index, inv_count,
@@ -522,8 +522,7 @@ def _small_ce_kernel(
     else:
         scale = inv_count
     part_l_ptr = ws_ptr
-    part_b_ptr = ws_ptr + tl.cdiv(n_tiles, 16) * 16
-    part_ptr = part_b_ptr + n_tiles.to(tl.int64) * BLOCK_C
+    part_ptr = ws_ptr + tl.cdiv(n_tiles, 16) * 16
     n_gr = tl.where(n_groups > 1, n_groups, 0)
     dz_ptr = (part_ptr + n_gr.to(tl.int64) * stride_g).to(tl.pointer_type(gh_ptr.dtype.element_ty))
     o_c = tl.arange(0, BLOCK_C)
@@ -558,10 +557,7 @@ def _small_ce_kernel(
         tl.store(part_l_ptr + t + tl.arange(0, 1),
                  tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
         b_r = tl.where(m_row, scale, 0.0)
-        b_dz = b_z * (b_r / b_s)[:, None] - tl.where(b_hot, b_r[:, None], 0.0)
-        if HAS_BIAS:  # this tile's grad_b, from fp32 dz (phase B sums the tiles in order)
-            tl.store(part_b_ptr + t * BLOCK_C + o_c, tl.sum(b_dz, axis=0))
-        b_dz = b_dz.to(gh_ptr.dtype.element_ty)
+        b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(b_hot, b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
         # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
         tl.store(dz_ptr + o_n[:, None] * BLOCK_C + o_c[None, :], b_dz, mask=m_n[:, None])
         for d0 in tl.range(0, D, BLOCK_DC, num_stages=NUM_STAGES):
@@ -592,6 +588,7 @@ def _small_ce_kernel(
             o_d = dw * BLOCK_DW + tl.arange(0, BLOCK_DW)
             m_d = o_d < D
             b_acc = tl.zeros([BLOCK_CW, BLOCK_DW], dtype=tl.float32)
+            b_gb = tl.zeros([BLOCK_KW, BLOCK_CW], dtype=tl.float32)  # grad_b, summed over rows once at the end
             r_lo = g * tiles_per_group * BLOCK_KW
             r_hi = tl.minimum(r_lo + tiles_per_group * BLOCK_KW, N)
             for r0 in tl.range(r_lo, r_hi, BLOCK_KW, num_stages=NUM_STAGES):
@@ -601,21 +598,20 @@ def _small_ce_kernel(
                                cache_modifier=".cg")
                 b_hd = tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
                 b_acc += _dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
+                if HAS_BIAS:  # elementwise: a sum over rows here is a cross-warp reduction an iteration
+                    b_gb += b_dz.to(tl.float32)
             o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
             m_w = m_v[:, None] & m_d[None, :]
             if n_groups == 1:
                 _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
             else:
                 tl.store(part_ptr + g.to(tl.int64) * stride_g + o_w, b_acc, mask=m_w)
-            if HAS_BIAS:  # grad_b: one item per class tile sums phase A's tile rows, in order
+            if HAS_BIAS:
                 if dw == 0:
-                    if g == 0:
-                        b_gb = tl.zeros([BLOCK_CW], dtype=tl.float32)
-                        for t0 in range(0, n_tiles, 64):
-                            o_t = t0 + tl.arange(0, 64)
-                            b_gb += tl.sum(tl.load(part_b_ptr + o_t[:, None] * BLOCK_C + o_v[None, :],
-                                                   mask=(o_t < n_tiles)[:, None], other=0.0, cache_modifier=".cg"), axis=0)
-                        _store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
+                    if n_groups == 1:
+                        _store_grad(gb_ptr + o_v, tl.sum(b_gb, axis=0), m_v, ACCUMULATE)
+                    else:
+                        tl.store(part_ptr + g.to(tl.int64) * stride_g + C * D + o_v, tl.sum(b_gb, axis=0), mask=m_v)
             _item_done(ctr_ptr + 5)
             item = item_next
 
@@ -623,11 +619,11 @@ def _small_ce_kernel(
         if PHASES > 2:
             if n_groups > 1:
                 _wait_all(ctr_ptr + 5, n_b)
-                n_r = tl.cdiv(C * D, BLOCK_R)
+                n_r = tl.cdiv(C * D + C, BLOCK_R)
                 r = _claim(ctr_ptr + 6)
                 while r < n_r:
                     _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                                 False, ACCUMULATE, False, BLOCK_G, BLOCK_R)
+                                 HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
                     r = _claim(ctr_ptr + 6)
     _exit(ctr_ptr, n_programs, N_CTR)
 
@@ -954,7 +950,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         G = _cdiv(n_rb, tpg)
         P = min(p_occ, max(n_tiles, n_out * G))
         dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
-        n_buf = _cdiv(n_tiles, 16) * 16 + n_tiles * cx["BLOCK_C"] + (G * stride_g if G > 1 else 0) + dz_floats
+        n_buf = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats
         n_acc = 0
     else:
         inv_count = 1.0
