@@ -216,7 +216,7 @@ def plot_ce_path(rows: list[dict], path: str):
     """bench_ce_path.py: CE head time per kernel path and occupancy (best tiles), against eager PyTorch."""
     best = {}
     for r in rows:
-        if r.get("us") in ("", None):
+        if r.get("us") in ("", None) or "PHASES" in str(r.get("tiles", "")):  # stopped kernels time phases only
             continue
         occ = r["occupancy"] if r["occupancy"] == "-" else f"{float(r['occupancy']):g}"
         k = ((r["N"], r["D"], r["C"]), r["path"] + ("" if occ == "-" else f" @ {occ}"))
