@@ -136,6 +136,22 @@ def test_small_ce_kernel_accumulates_and_is_deterministic(device):
         assert torch.equal(x, z)
 
 
+@pytest.mark.parametrize("phases", [1, 2])
+def test_small_ce_stopped_kernel_leaves_counters_clean(phases, monkeypatch, device):
+    # PHASES < 3 (the profiling knob of bench_ce_path.py --tiles) stops early; the next full
+    # launch on the stream must still find its counters at zero
+    h, w, b, y = make("ce", 1100, 48, 130, torch.float32, True, device)
+    orig = klh._small_ce_blocks
+    monkeypatch.setattr(klh, "_small_ce_blocks", lambda *a: {**orig(*a), "PHASES": phases})
+    klh._PLANS.clear()
+    functional._FAST.clear()
+    fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(occupancy=0.5))
+    monkeypatch.setattr(klh, "_small_ce_blocks", orig)
+    klh._PLANS.clear()
+    functional._FAST.clear()
+    check("ce", 1100, 48, 130, torch.float32, True, None, device, config=LaunchConfig(occupancy=0.5))
+
+
 def test_small_ce_all_rows_ignored(device):
     h, w, b, y = make("ce", 20, 16, 100, torch.float32, True, device)
     y.fill_(-100)
