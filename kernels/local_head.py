@@ -165,6 +165,20 @@ def _reduce_rows(part_ptr, stride_g, G, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, 
         tl.store(loss_ptr + (o_e - CD - C), b_acc * scale, mask=o_e == CD + C)
 
 
+@triton.jit
+def _sum_group_rows(part_ptr, stride_g, n_groups, n_b, C, D, gw_ptr, gb_ptr, loss_ptr, scale, ctr_ptr,
+                    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):
+    # Phase R of the CE kernels: after phase B's n_b items (counters 4/5), the [grad_W | grad_b]
+    # group rows are summed in group order, BLOCK_R columns an item (counter 6).
+    _wait_all(ctr_ptr + 5, n_b)
+    n_r = tl.cdiv(C * D + C, BLOCK_R)
+    r = _claim(ctr_ptr + 6)
+    while r < n_r:
+        _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                     HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
+        r = _claim(ctr_ptr + 6)
+
+
 # ----------------------------------------------------------------------- dense kernel
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
 def _dense_head_kernel(
@@ -477,13 +491,8 @@ def _vocab_ce_kernel(
 
     # ---- phase R (only with several row groups): fixed-order sum over groups
     if n_groups > 1:
-        _wait_all(ctr_ptr + 5, n_b)
-        n_r = tl.cdiv(C * D + C, BLOCK_R)
-        r = _claim(ctr_ptr + 6)
-        while r < n_r:
-            _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                         HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
-            r = _claim(ctr_ptr + 6)
+        _sum_group_rows(part_ptr, stride_g, n_groups, n_b, C, D, gw_ptr, gb_ptr, loss_ptr, scale, ctr_ptr,
+                        HAS_BIAS, ACCUMULATE, BLOCK_G, BLOCK_R)
     _exit(ctr_ptr, n_programs, N_CTR)
 
 
@@ -618,13 +627,8 @@ def _small_ce_kernel(
         # ---- phase R (only with several row groups): fixed-order sum over groups
         if PHASES > 2:
             if n_groups > 1:
-                _wait_all(ctr_ptr + 5, n_b)
-                n_r = tl.cdiv(C * D + C, BLOCK_R)
-                r = _claim(ctr_ptr + 6)
-                while r < n_r:
-                    _reduce_rows(part_ptr, stride_g, n_groups, C * D, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
-                                 HAS_BIAS, ACCUMULATE, False, BLOCK_G, BLOCK_R)
-                    r = _claim(ctr_ptr + 6)
+                _sum_group_rows(part_ptr, stride_g, n_groups, n_b, C, D, gw_ptr, gb_ptr, loss_ptr, scale, ctr_ptr,
+                                HAS_BIAS, ACCUMULATE, BLOCK_G, BLOCK_R)
     _exit(ctr_ptr, n_programs, N_CTR)
 
 
