@@ -15,7 +15,6 @@ at the transformer's head shapes; benchmarks/compile_report.py shows which sets 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
-from tune_dense_head import _clear_plans, graph_us  # noqa: E402
+from tune_dense_head import _clear_plans, blocks_override, graph_us  # noqa: E402
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
 from erase_triton.kernels import local_head as lh  # noqa: E402
@@ -41,20 +40,7 @@ def use_path(path: str):
     _clear_plans()
 
 
-@contextlib.contextmanager
-def small_blocks(**kw):
-    """Launch the small-vocabulary CE kernel with some of its constexprs (and num_warps) replaced."""
-    orig = lh._small_ce_blocks
-    lh._small_ce_blocks = lambda *a: {**orig(*a), **kw}
-    _clear_plans()
-    try:
-        yield
-    finally:
-        lh._small_ce_blocks = orig
-        _clear_plans()
-
-
-# sets that ptxas compiles without spills at C=256, bf16 (compile_report.py), around the default
+# sets that ptxas compiles with no or few spills at C=256, bf16 (compile_report.py), around the default
 # (BLOCK_N=64, chunks of 64, [128, 128] phase-B tiles, 8 warps, 3 stages)
 SMALL_TILES = [dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=8, BLOCK_CW=cw, BLOCK_DW=dw, NUM_STAGES=st)
                for cw, dw in ((128, 128), (64, 128), (256, 64)) for st in (2, 3)] + [
@@ -105,7 +91,7 @@ def main():
                         name = f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
                     row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
-                        with small_blocks(**over) if over else contextlib.nullcontext():
+                        with blocks_override("_small_ce_blocks", **over):
                             out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
                             if over.get("PHASES", 3) == 3:  # a stopped kernel leaves outputs unwritten
                                 row["max_rel_err"] = max(((o.double() - r).norm() / r.norm()).item()

@@ -39,18 +39,19 @@ def _clear_plans():
 
 
 @contextlib.contextmanager
-def blocks_override(**kw):
-    """Launch the dense kernel with some of its constexprs (BLOCK_G, BLOCK_R, ...) replaced."""
+def blocks_override(rule: str = "_dense_blocks", **kw):
+    """Launch a kernel with some of its constexprs (BLOCK_G, BLOCK_R, ..., and num_warps) replaced:
+    `rule` names the host rule in kernels/local_head.py whose result is patched."""
     if not kw:
         yield
         return
-    orig = lh._dense_blocks
-    lh._dense_blocks = lambda *a: {**orig(*a), **kw}
+    orig = getattr(lh, rule)
+    setattr(lh, rule, lambda *a: {**orig(*a), **kw})
     _clear_plans()
     try:
         yield
     finally:
-        lh._dense_blocks = orig
+        setattr(lh, rule, orig)
         _clear_plans()
 
 

@@ -1,9 +1,10 @@
 """The MLP proxy's BCE heads (C=1) at the schedule's sizes, alone on the GPU: how the
-atomic mode's grid shape changes their time. With the default static split a 1/8-occupancy
-head at N=4096 D=512 gets one 16-row tile per program (~256 programs); claimed groups of k
-tiles (LaunchConfig group_tiles=k) cut the programs, and their end-of-kernel atomics, k-fold.
-H200 (side_head.csv): the groups were slower at every size; a 1/8 head is bandwidth-bound by
-its share of SMs (N=4096 D=512 bf16: 21 us at 1/8, 8.9 us on the whole device).
+atomic mode's grid shape changes their time. With the default static split each program of a
+1/8-occupancy head takes every P-th row tile (8-row tiles since session 7; 16-row tiles, one a
+program, when side_head.csv was measured); claimed groups of k tiles (LaunchConfig group_tiles=k)
+cut the programs, and their end-of-kernel atomics, k-fold. H200 (side_head.csv): the groups were
+slower at every size; a 1/8 head is latency-bound by its share of SMs (N=4096 D=512 bf16: 21 us at
+1/8, 8.9 us on the whole device, with 16-row tiles).
 
     python benchmarks/tune_side_head.py [--out benchmarks/results/side_head.csv]
     python benchmarks/tune_side_head.py --tiles --out benchmarks/results/side_head_tiles.csv

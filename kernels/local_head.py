@@ -611,6 +611,8 @@ def _small_ce_kernel(
                     b_gb += b_dz.to(tl.float32)
             o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
             m_w = m_v[:, None] & m_d[None, :]
+            # (the group row's address is written out at each store: hoisting it into a variable
+            # gives the fp32 variant 12-28 bytes of spills, compile_report.py)
             if n_groups == 1:
                 _store_grad(gw_ptr + o_w, b_acc, m_w, ACCUMULATE)
             else:
@@ -745,8 +747,8 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
     if cuda:
         # phase A: 64-row tiles, K chunks of 64 (logits) and D chunks of 64 (grad_h), both
         # pipelined 3 deep; phase B: [128, 128] grad_W tiles over 64-row steps. ptxas, sm_90a,
-        # C=256 D=512 (benchmarks/compile_report.py): bf16 187 registers, no spills, 136 KB
-        # shared; fp32 needs chunks of 32 to fit (231 registers, 168 KB; with 64: 272 KB).
+        # C=256 D=512 (benchmarks/compile_report.py): bf16 241 registers, no spills, 136 KB
+        # shared; fp32 needs chunks of 32 to fit (234 registers, 168 KB; with 64: 272 KB).
         chunk = 64 if esize <= 2 else 32
         # (C up to 512 only for measurement: 32-row tiles keep the logits to 64 registers)
         bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
