@@ -5,6 +5,7 @@ kernel (online log-sum-exp, grad_W from recomputed logits), and eager PyTorch, a
 transformer's head shapes, on the whole device and at occupancy 1/8 (beside the next forward).
 
     python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--paths small,vocab,dense]
+                                       [--shapes "N,D,C;N,D,C"] [--dtype bf16|fp32]
     python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_small_tiles.csv
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
@@ -55,24 +56,31 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
     ap.add_argument("--paths", default="small,vocab,dense", help="kernels to time, comma-separated")
     ap.add_argument("--tiles", action="store_true", help="tile grid of the small-vocabulary kernel (transformer shapes)")
+    ap.add_argument("--shapes", default=None, help="N,D,C triples separated by ';' (default: the transformer's)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="h and W dtype (fp32: tf32 dots)")
     args = ap.parse_args()
     meta = metadata()
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32: PyTorch and the kernels both take tf32 dots
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     rows = []
     shapes = [(4096, 256, 256), (8192, 512, 256)] if args.tiles else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in t.split(",")) for t in args.shapes.split(";")]
     for N, D, C in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
-        h = torch.randn(N, D, device="cuda", generator=g).bfloat16()
-        w = (torch.randn(C, D, device="cuda", generator=g) / D ** 0.5).bfloat16()
-        b = torch.zeros(C, device="cuda").bfloat16()
+        h = torch.randn(N, D, device="cuda", generator=g).to(dtype)
+        w = (torch.randn(C, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+        b = torch.zeros(C, device="cuda").to(dtype)
         y = torch.randint(0, C, (N,), device="cuda", generator=g)
         ref = tuple(local_head_reference(h.double(), w.double(), b.double(), y, loss="ce"))
         hh = h.clone().requires_grad_()
-        lin = torch.nn.Linear(D, C, device="cuda", dtype=torch.bfloat16)
+        lin = torch.nn.Linear(D, C, device="cuda", dtype=dtype)
 
         def torch_head():
             loss = torch.nn.functional.cross_entropy(lin(hh).float(), y)
             loss.backward()
-        rows.append(dict(N=N, D=D, C=C, path="torch eager", occupancy="-", tiles="-", us=graph_us(torch_head)))
+        rows.append(dict(N=N, D=D, C=C, dtype=args.dtype, path="torch eager", occupancy="-", tiles="-",
+                         us=graph_us(torch_head)))
         print(rows[-1], flush=True)
         for path in (["small"] if args.tiles else args.paths.split(",")):
             use_path(path)
@@ -89,7 +97,7 @@ def main():
                         cfg = LaunchConfig(occupancy=occ, block_n=t.block_n, block_v=t.block_v, block_d=t.block_d,
                                            num_warps=t.num_warps)
                         name = f"bn={t.block_n},bv={t.block_v},bd={t.block_d},nw={t.num_warps}"
-                    row = dict(N=N, D=D, C=C, path=path, occupancy=occ or 1.0, tiles=name)
+                    row = dict(N=N, D=D, C=C, dtype=args.dtype, path=path, occupancy=occ or 1.0, tiles=name)
                     try:
                         with blocks_override("_small_ce_blocks", **over):
                             out = fused_local_head(h, w, b, y, loss="ce", config=cfg)
@@ -110,7 +118,7 @@ def main():
             k = (r["N"], r["D"], r["C"], r["path"], r["occupancy"])
             if k not in best or r["us"] < best[k]["us"]:
                 best[k] = r
-    print_table(list(best.values()), ["N", "D", "C", "path", "occupancy", "tiles", "us", "max_rel_err"])
+    print_table(list(best.values()), ["N", "D", "C", "dtype", "path", "occupancy", "tiles", "us", "max_rel_err"])
 
 
 if __name__ == "__main__":

@@ -94,8 +94,11 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return _heads(model, heads), inputs
 
 
+PRIORITIES = False  # --priorities: rising CUDA stream priorities along the erase ring
+
+
 def measure(model, inputs, mode, graphed, streams=None):
-    r = time_step(model, inputs, mode, graphed, streams=streams)
+    r = time_step(model, inputs, mode, graphed, streams=streams, priorities=PRIORITIES)
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
@@ -113,9 +116,9 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                 continue
             if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
                 model, inputs = build(heads)
-                variants = {(m, "auto"): Scheduler(m) for m in MODES}
+                variants = {(m, "auto"): Scheduler(m, priorities=PRIORITIES) for m in MODES}
                 if heads == "fused":  # what adaptive forking buys, and what a non-default stream costs
-                    variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False)
+                    variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False, priorities=PRIORITIES)
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
                 per_round = {}
@@ -200,7 +203,11 @@ def main():
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
     ap.add_argument("--group-tiles", type=int, default=None,
                     help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
+    ap.add_argument("--priorities", action="store_true",
+                    help="graphed steps use Scheduler(priorities=True): ring stream k at CUDA priority -k")
     args = ap.parse_args()
+    global PRIORITIES
+    PRIORITIES = args.priorities
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -213,13 +220,14 @@ def main():
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                   group_tiles=args.group_tiles or ""),
+                                   group_tiles=args.group_tiles or "", priorities=int(args.priorities)),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
                                                                              args.group_tiles)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
-            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy),
+            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
+                               priorities=int(args.priorities)),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,

@@ -6,7 +6,7 @@
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS;
-# TESTS_K selects tests (pytest -k), CE_OUT names the ce part's CSV.
+# TESTS_K selects tests (pytest -k), CE_OUT and SCHED_OUT name the ce and schedule parts' CSVs.
 set -u
 RES=${1:-benchmarks/results}; shift || true
 PARTS=${*:-tests host step tune side tiles head ce schedule sweep trace bench partition}
@@ -29,7 +29,7 @@ for p in $PARTS; do
     tiles)    timeout ${T_TILES:-240} python3 benchmarks/tune_side_head.py --tiles --out "$RES/side_head_tiles.csv" | grep -v "^{" ;;
     ce)       timeout ${T_CE:-200} python3 benchmarks/bench_ce_path.py --out "$RES/${CE_OUT:-ce_path.csv}" ${CE_ARGS:-} | grep -v "^{" ;;
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
-    schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule.csv" ${SCHED_ARGS:-} | grep -v "^{" ;;
+    schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/${SCHED_OUT:-schedule.csv}" ${SCHED_ARGS:-} | grep -v "^{" ;;
     sweep)    timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" ${SWEEP_ARGS:-} | grep -v "^{" ;;
     trace)    timeout ${T_TRACE:-120} python3 -P -m erase_triton.cli trace --out "$RES/trace" ${TRACE_ARGS:-} ;;
     bench)    timeout ${T_BENCH:-400} python3 -P -m erase_triton.cli bench --out "$RES" ${BENCH_ARGS:-} | grep -v "^{" ;;

@@ -73,6 +73,14 @@ class RingPlan:
         another stream. earlier: segment -> (its stream, its leaves)."""
         return [j for j, (k, lv) in earlier.items() if k != stream and lv & leaves]
 
+    @staticmethod
+    def priority_of(stream: int) -> int:
+        """CUDA priority of ring stream `stream` when priorities rise along the ring (lower
+        numbers rank higher; torch.cuda.Stream clamps to its range, 0 to -3 today). Segment
+        i+1's forward then outranks segment i's backward, queued on the stream before it,
+        when both wait for SMs."""
+        return -stream
+
 
 _STREAMS: dict = {}  # (stream id, device index, device type) -> its torch.cuda.Stream object
 
@@ -120,11 +128,16 @@ class Scheduler:
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current). adaptive: fork at
     a detach point only when the GPU is behind the host, decided every `decide_every`
-    steps (see the module docstring).
+    steps (see the module docstring). priorities: ring stream k gets CUDA priority -k
+    (clamped to the device's range; PyTorch offers 4 levels), so when SMs are contended the
+    block scheduler dispatches a later segment's forward before an earlier segment's
+    backward; captured graphs keep the priorities (PyTorch instantiates with per-node
+    priority). With a ring smaller than the segments, a wrapped segment's forward ranks below
+    backwards queued on later streams.
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
-                 decide_every: int = 8):
+                 decide_every: int = 8, priorities: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
@@ -136,7 +149,10 @@ class Scheduler:
             raise ValueError(f"adaptive must be a bool, got {adaptive!r}")
         if isinstance(decide_every, bool) or not isinstance(decide_every, int) or decide_every < 1:
             raise ValueError(f"decide_every must be a positive int, got {decide_every!r}")
+        if not isinstance(priorities, bool):
+            raise ValueError(f"priorities must be a bool, got {priorities!r}")
         self.decide_every = decide_every
+        self.priorities = priorities
         self._adaptive_steps = 0   # eager (not captured) adaptive steps so far
         self._fork = False         # the current decision: fork (GPU behind) or not
         self.mode = mode
@@ -159,7 +175,8 @@ class Scheduler:
 
     def _ring_stream(self, k: int):
         while len(self._streams) <= k:
-            self._streams.append(torch.cuda.Stream(device=self._cuda_device))
+            prio = RingPlan.priority_of(len(self._streams)) if self.priorities else 0
+            self._streams.append(torch.cuda.Stream(device=self._cuda_device, priority=prio))
         return self._streams[k]
 
     def _record(self, kind: str, index: int, stream):

@@ -149,10 +149,12 @@ def _step_runner(sched, step_fn, inputs, graphed: bool):
     return run
 
 
-def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3) -> dict:
-    """Median step time (ms) of one mode; eager runs also report peak memory."""
+def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
+              priorities: bool = False) -> dict:
+    """Median step time (ms) of one mode; eager runs also report peak memory.
+    priorities: Scheduler(priorities=...) (rising CUDA priorities along the erase ring)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams)
+    sched = Scheduler(mode, streams=streams, priorities=priorities)
     step = training_step(model, opt)
 
     out = {}

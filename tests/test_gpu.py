@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 import erase_triton as et
+import erase_triton.kernels.local_head as klh
 from erase_triton import LocalHead, Scheduler, fused_local_head, reference
 
 pytestmark = pytest.mark.gpu
@@ -74,6 +75,10 @@ def test_signature_cache_hits_and_stays_exact():
     ("ce", 30001, 130, 200, torch.float32),
 ])
 def test_kernel_at_scale(loss, N, D, C, dtype):
+    check_at_scale(loss, N, D, C, dtype)
+
+
+def check_at_scale(loss, N, D, C, dtype, occupancy=None):
     g = torch.Generator(device=dev).manual_seed(0)
     h = torch.randn(N, D, device=dev, generator=g).to(dtype)
     w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(dtype)
@@ -85,8 +90,9 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
         y = torch.rand(N, C, device=dev, generator=g).round()
     same = reference.local_head(h, w, b, y, loss=loss)
     ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss)
-    det = et.LaunchConfig(deterministic=True)
-    for cfg in (None, det):  # default (float atomics where they apply), and deterministic
+    det = et.LaunchConfig(occupancy=occupancy, deterministic=True)
+    # default (float atomics where they apply), and deterministic
+    for cfg in (et.LaunchConfig(occupancy=occupancy), det):
         out = fused_local_head(h, w, b, y, loss=loss, config=cfg)
         for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
             eo, es = rel_err(o, r), rel_err(s, r)
@@ -95,6 +101,25 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
     again = fused_local_head(h, w, b, y, loss=loss, config=det)
     for o, a in zip(out, again):
         assert torch.equal(o, a), "not bitwise deterministic"
+
+
+@pytest.mark.parametrize("N,D,C,dtype,occupancy", [
+    (8192, 512, 512, torch.bfloat16, None),
+    (8192, 512, 512, torch.bfloat16, 0.125),
+    (20001, 130, 384, torch.float32, None),
+    (4096, 1024, 512, torch.float32, 0.125),
+    (4099, 256, 300, torch.float16, None),
+])
+def test_small_ce_kernel_up_to_512_classes(N, D, C, dtype, occupancy, monkeypatch):
+    # the small-vocabulary kernel at 256 < C <= 512 (32-row tiles), whatever SMALL_CE_MAX_C is
+    import erase_triton.functional as fn
+    monkeypatch.setattr(klh, "SMALL_CE_MAX_C", max(klh.SMALL_CE_MAX_C, 512))
+    klh._PLANS.clear()
+    fn._FAST.clear()
+    check_at_scale("ce", N, D, C, dtype, occupancy)
+    assert {p.kind for p in klh._PLANS.values()} == {"small"}
+    klh._PLANS.clear()
+    fn._FAST.clear()
 
 
 def test_atomic_mode_at_scale():
@@ -266,8 +291,8 @@ def test_step_has_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("mode", ["erase", "sequential", "e2e"])
-def test_capture_replay_equals_eager(mode):
+@pytest.mark.parametrize("mode,priorities", [("erase", False), ("erase", True), ("sequential", False), ("e2e", False)])
+def test_capture_replay_equals_eager(mode, priorities):
     torch.manual_seed(0)
     m_eager = mlp_chain(256)
     m_graph = copy.deepcopy(m_eager)
@@ -283,7 +308,7 @@ def test_capture_replay_equals_eager(mode):
             opt.step()
         return step
 
-    sched = Scheduler(mode)
+    sched = Scheduler(mode, priorities=priorities)
     step_e = make_step(m_eager)
     sx, sy = xs[0].clone(), ys[0].clone()
     # capture() runs 3 warm-up steps on the static inputs: mirror them in eager
@@ -300,6 +325,9 @@ def test_capture_replay_equals_eager(mode):
     torch.cuda.synchronize()
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
         torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
+    if priorities:  # the ring's streams really got rising priorities (clamped to torch's range)
+        prio = [s.priority for s in sched._streams]
+        assert prio[0] == 0 and prio[1] < 0 and prio == sorted(prio, reverse=True), prio
 
 
 def test_overlap_in_profiler_trace():

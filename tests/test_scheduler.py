@@ -186,6 +186,29 @@ def test_ring_plan():
     assert p.bwd_after(0, frozenset({2, 3}), earlier) == [1]
 
 
+def test_ring_plan_priorities_rise_along_the_ring():
+    assert [RingPlan.priority_of(k) for k in range(4)] == [0, -1, -2, -3]
+
+
+@pytest.mark.parametrize("priorities", [False, True])
+def test_ring_streams_get_rising_priorities(monkeypatch, priorities):
+    # erase, always forking: six segments on six ring streams; with priorities=True stream k
+    # is created with priority -k (torch clamps to its range), else all at the default 0
+    torch.manual_seed(0)
+    model = Chain(n=4)
+    for hd in model.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    ref = detached_reference(copy.deepcopy(model), x, y)
+    _fake_cuda(monkeypatch, lambda name: True)
+    sched = Scheduler("erase", adaptive=False, priorities=priorities)
+    with sched.step():
+        model(x, y)
+    got = [s.priority for s in sched._streams]
+    assert got == ([0, -1, -2, -3] if priorities else [0, 0, 0, 0])
+    assert_same_grads(grads(model), ref)
+
+
 def test_scheduler_rejects_bad_args_and_nesting():
     with pytest.raises(ValueError, match="mode must be one of"):
         Scheduler("fast")
@@ -193,6 +216,8 @@ def test_scheduler_rejects_bad_args_and_nesting():
         Scheduler("erase", streams=0)
     with pytest.raises(ValueError, match="adaptive must be a bool"):
         Scheduler("erase", adaptive="yes")
+    with pytest.raises(ValueError, match="priorities must be a bool"):
+        Scheduler("erase", priorities=1)
     with pytest.raises(ValueError, match="device must be a CUDA device"):
         Scheduler("erase", device="cpu")
     Scheduler("erase", device="cuda:0")  # checked without touching CUDA
@@ -285,8 +310,8 @@ class _FakeEvent:
 
 
 class _FakeStream:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
+    def __init__(self, log, name, priority=0):
+        self.log, self.name, self.priority = log, name, priority
 
     def wait_event(self, ev):
         self.log.append(("wait", self.name))
@@ -298,9 +323,9 @@ def _fake_cuda(monkeypatch, busy):
     log, n = [], [0]
     caller = _FakeStream(log, "caller")
 
-    def stream(device=None):
+    def stream(device=None, priority=0):
         n[0] += 1
-        return _FakeStream(log, f"s{n[0] - 1}")
+        return _FakeStream(log, f"s{n[0] - 1}", priority)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
