@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
-from erase_triton import LocalHead, Scheduler  # noqa: E402
+from erase_triton import Scheduler  # noqa: E402
 from erase_triton.models import MLPChain  # noqa: E402
-from erase_triton.study import time_eager_modes, time_step, transformer_workload  # noqa: E402
+from erase_triton.study import FreeHead, time_eager_modes, time_step, transformer_workload  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -51,20 +51,6 @@ class SideStreamScheduler(Scheduler):
         with torch.cuda.stream(side), super().step():
             yield self
         torch.cuda.current_stream().wait_stream(side)
-
-
-class FreeHead(LocalHead):
-    """The bound on what any head implementation can buy: a head that costs nothing. It
-    back-propagates a constant gradient into its block (no logits, no loss, no head grads),
-    so a step with FreeHeads is the step's time with the heads' work removed."""
-
-    def apply_loss(self, h, target, beside=False):
-        g = getattr(self, "_free_grad", None)
-        if g is None or g.shape != h.shape or g.dtype != h.dtype:
-            g = self._free_grad = torch.full_like(h, 1e-4)
-        if h.requires_grad:
-            torch.autograd.backward(h, g)
-        return h.detach()
 
 
 def _heads(model, heads, group_tiles=None):
@@ -94,12 +80,18 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return _heads(model, heads), inputs
 
 
-PRIORITIES = False  # --priorities: rising CUDA stream priorities along the erase ring
+PRIORITIES = True  # rising CUDA stream priorities along the erase ring (--no-priorities: all equal)
 
 
-def measure(model, inputs, mode, graphed, streams=None):
-    r = time_step(model, inputs, mode, graphed, streams=streams, priorities=PRIORITIES)
+def measure(model, inputs, mode, graphed, streams=None, priorities=None):
+    r = time_step(model, inputs, mode, graphed, streams=streams,
+                  priorities=PRIORITIES if priorities is None else priorities)
     return r["ms"], r.get("peak_mb", float("nan"))
+
+
+def other_priorities() -> str:
+    """The streams label of the graphed erase row run with the other priority setting."""
+    return "equal-priority" if PRIORITIES else "rising-priority"
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, free=False):
@@ -119,6 +111,7 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                 variants = {(m, "auto"): Scheduler(m, priorities=PRIORITIES) for m in MODES}
                 if heads == "fused":  # what adaptive forking buys, and what a non-default stream costs
                     variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False, priorities=PRIORITIES)
+                    variants[("erase", other_priorities())] = Scheduler("erase", priorities=not PRIORITIES)
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
                 per_round = {}
@@ -142,9 +135,12 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                 rows.append(row)
                 print(row, flush=True)
                 del model, inputs
-            for k in ring_sizes:
+            for k in list(ring_sizes) + [other_priorities()]:
                 model, inputs = build(heads)
-                ms, peak = measure(model, inputs, "erase", True, streams=k)
+                if isinstance(k, str):  # the default ring with the other priority setting
+                    ms, peak = measure(model, inputs, "erase", True, priorities=not PRIORITIES)
+                else:
+                    ms, peak = measure(model, inputs, "erase", True, streams=k)
                 row = dict(desc, heads=heads, exec="graph", mode="erase", streams=k, ms=ms, peak_mb=peak)
                 rows.append(row)
                 print(row, flush=True)
@@ -169,15 +165,25 @@ def summarize(rows):
             s[f"{ex}_erase_vs_seq"] = f("fused", "sequential") / f("fused", "erase")
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
+        # the other priority setting (graphed erase): its step time and fused / PyTorch heads
+        other = {r["heads"]: r["ms"] for r in rows if key(r) == k and r["exec"] == "graph"
+                 and r["streams"] in ("equal-priority", "rising-priority")}
+        if other:
+            label = next(r["streams"] for r in rows if key(r) == k and r["streams"] in ("equal-priority", "rising-priority"))
+            tag = label.split("-")[0]
+            s[f"graph_erase_fused_ms_{tag}_prio"] = other.get("fused", float("nan"))
+            s[f"graph_fused_vs_torch_heads_{tag}_prio"] = other.get("torch", float("nan")) / other.get("fused", float("nan"))
         # the most any head can buy: free (zero-cost) heads against PyTorch heads
         s["graph_free_vs_torch_heads"] = g.get(("torch", "graph", "erase"), float("nan")) / \
             g.get(("free", "graph", "erase"), float("nan"))
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
-        for variant in ("always-fork", "side-stream", "again"):
+        for variant in ("always-fork", "side-stream", "again", "equal-priority", "rising-priority"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
             if ms:
                 s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
-        for (mode, streams), name in ((("erase", "auto"), "erase"), (("sequential", "again"), "again")):
+        for (mode, streams), name in ((("erase", "auto"), "erase"), (("sequential", "again"), "again"),
+                                      (("erase", "equal-priority"), "equal_priority"),
+                                      (("erase", "rising-priority"), "rising_priority")):
             p = [r["paired_seq_over_this"] for r in rows if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused"
                  and (r["mode"], r["streams"]) == (mode, streams) and r.get("paired_seq_over_this") not in (None, "")]
             if p:  # the median over rounds of sequential / this variant, both in the same round
@@ -203,11 +209,13 @@ def main():
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
     ap.add_argument("--group-tiles", type=int, default=None,
                     help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
-    ap.add_argument("--priorities", action="store_true",
-                    help="graphed steps use Scheduler(priorities=True): ring stream k at CUDA priority -k")
+    ap.add_argument("--no-priorities", action="store_true",
+                    help="Scheduler(priorities=False): every ring stream at the default priority (the default "
+                         "gives ring stream k CUDA priority -k)")
+    ap.add_argument("--min-width", type=int, default=None, help="only MLP configs from this width")
     args = ap.parse_args()
     global PRIORITIES
-    PRIORITIES = args.priorities
+    PRIORITIES = not args.no_priorities
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -216,18 +224,19 @@ def main():
     cases = []
     if args.model in ("mlp", "all"):
         cfgs = MLP_CONFIGS[:2] if args.quick else MLP_CONFIGS
-        cfgs = [c for c in cfgs if args.max_width is None or c[0] <= args.max_width]
+        cfgs = [c for c in cfgs if (args.max_width is None or c[0] <= args.max_width)
+                and (args.min_width is None or c[0] >= args.min_width)]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                   group_tiles=args.group_tiles or "", priorities=int(args.priorities)),
+                                   group_tiles=args.group_tiles or "", priorities=int(PRIORITIES)),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
                                                                              args.group_tiles)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
-                               priorities=int(args.priorities)),
+                               priorities=int(PRIORITIES)),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
@@ -236,7 +245,8 @@ def main():
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
-                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_always_fork_vs_seq",
+                       "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
+                       "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

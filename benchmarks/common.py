@@ -34,6 +34,8 @@ def host_us(fn, n: int = 2000, warmup: int = 50) -> float:
 
 
 def print_table(rows: list[dict], cols: list[str]):
+    """Columns with no value (or only NaN) in any row are left out."""
+    cols = [c for c in cols if any(_fmt(r.get(c)) not in ("", "nan") for r in rows)] or cols
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols}
     print("  ".join(c.ljust(widths[c]) for c in cols))
     for r in rows:

@@ -70,7 +70,8 @@ def cmd_sweep(a):
 def cmd_trace(a):
     from .study import trace
 
-    for s in trace(a.out, steps=a.steps, only=a.only):
+    execs = {"both": ("graph", "eager"), "graph": ("graph",), "eager": ("eager",)}[a.exec]
+    for s in trace(a.out, steps=a.steps, only=a.only, execs=execs):
         print(json.dumps(s))
     print(f"wrote traces and timelines under {a.out}")
 
@@ -123,6 +124,7 @@ def main(argv=None):
     tr.add_argument("--out", default="runs")
     tr.add_argument("--steps", type=int, default=3)
     tr.add_argument("--only", default=None, help="only the configs whose name contains this")
+    tr.add_argument("--exec", default="both", choices=["both", "graph", "eager"], help="graph replays, eager steps or both")
     tr.set_defaults(fn=cmd_trace)
     pl = sub.add_parser("plot", help="plot result CSVs (e.g. benchmarks/results/*.csv)")
     pl.add_argument("results", nargs="+")

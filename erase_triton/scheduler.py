@@ -128,16 +128,17 @@ class Scheduler:
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current). adaptive: fork at
     a detach point only when the GPU is behind the host, decided every `decide_every`
-    steps (see the module docstring). priorities: ring stream k gets CUDA priority -k
-    (clamped to the device's range; PyTorch offers 4 levels), so when SMs are contended the
-    block scheduler dispatches a later segment's forward before an earlier segment's
-    backward; captured graphs keep the priorities (PyTorch instantiates with per-node
-    priority). With a ring smaller than the segments, a wrapped segment's forward ranks below
-    backwards queued on later streams.
+    steps (see the module docstring). priorities (default True): ring stream k gets CUDA
+    priority -k (clamped to PyTorch's range, 0 to -3), so when SMs are contended the block
+    scheduler dispatches a later segment's forward before an earlier segment's backward;
+    captured graphs keep the priorities (PyTorch instantiates them with per-node priority).
+    H200, graphed erase, six-block MLP w <= 512: steps 2-10% shorter than with equal
+    priorities (benchmarks/NOTES.md, session 9). With a ring smaller than the segments, a
+    wrapped segment's forward ranks below backwards queued on later streams.
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
-                 decide_every: int = 8, priorities: bool = False):
+                 decide_every: int = 8, priorities: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):

@@ -18,6 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
 from .models.transformer import TinyTransformer
 from .reference import head_loss
@@ -149,12 +150,28 @@ def _step_runner(sched, step_fn, inputs, graphed: bool):
     return run
 
 
+class FreeHead(LocalHead):
+    """The bound on what any head implementation can buy: a head that costs nothing. It
+    back-propagates a constant gradient into its block (no logits, no loss, no head grads),
+    so a step with FreeHeads is the step's time with the heads' work removed."""
+
+    def apply_loss(self, h, target, beside=False):
+        g = getattr(self, "_free_grad", None)
+        if g is None or g.shape != h.shape or g.dtype != h.dtype:
+            g = self._free_grad = torch.full_like(h, 1e-4)
+        if h.requires_grad:
+            torch.autograd.backward(h, g)
+        return h.detach()
+
+
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              priorities: bool = False) -> dict:
+              priorities: bool | None = None) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
-    priorities: Scheduler(priorities=...) (rising CUDA priorities along the erase ring)."""
+    priorities: Scheduler(priorities=...) (rising CUDA priorities along the erase ring);
+    None: the Scheduler's default."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sched = Scheduler(mode, streams=streams, priorities=priorities)
+    kw = {} if priorities is None else dict(priorities=priorities)
+    sched = Scheduler(mode, streams=streams, **kw)
     step = training_step(model, opt)
 
     out = {}
@@ -344,7 +361,7 @@ def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     for k in kernels:
         t = launches.get(k.correlation_id())
         phase = "fwd/bwd (graph)" if graphed else "forward"
-        if "head_kernel" in k.name() or "vocab_ce_kernel" in k.name():
+        if "head_kernel" in k.name() or "_ce_kernel" in k.name():
             phase = "head"
         elif t is not None and not graphed:
             inner = [r for r in ranges if r[0] <= t <= r[1]]
@@ -359,27 +376,40 @@ def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     return out
 
 
+def _mlp_heads(width: int, batch: int, dtype, heads: str):
+    """The MLP proxy with fused ("fused"), PyTorch ("torch") or zero-cost ("free") heads, and a batch."""
+    from .models.mlp import MLPChain
+
+    model = MLPChain(width, backend="torch" if heads == "torch" else "auto", device="cuda", dtype=dtype)
+    if heads == "free":
+        for hd in model.heads:
+            hd.__class__ = FreeHead
+    return model, (torch.randn(batch, width, device="cuda", dtype=dtype),
+                   torch.rand(batch, device="cuda").round().to(dtype))
+
+
 def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), only: str | None = None) -> list[dict]:
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
     eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
-    w512 b4096 MLP with fused and with PyTorch heads.
+    w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
+    tf32 dots on).
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .models.mlp import MLPChain
     from .plots import plot_timeline
 
     if not torch.cuda.is_available():
         raise RuntimeError("trace needs a CUDA device (kernel timelines come from CUPTI)")
+    torch.backends.cuda.matmul.allow_tf32 = True  # the tf32 configs (fp32 weights) as bench_schedule runs them
     os.makedirs(out_dir, exist_ok=True)
     configs = [("transformer_w256_b32_s128", lambda: transformer_workload(256, 32, 128)),
                ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
                ("mlp_w4096_b32768_saturating", lambda: (MLPChain(4096, device="cuda", dtype=torch.bfloat16),
                                                          (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
                                                           torch.rand(32768, device="cuda").round().bfloat16())))]
-    for heads in ("fused", "torch"):  # a size where the fused heads gain little (bench_schedule, graphed)
-        configs.append((f"mlp_w512_b4096_{heads}_heads", lambda heads=heads: (
-            MLPChain(512, backend="auto" if heads == "fused" else "torch", device="cuda", dtype=torch.bfloat16),
-            (torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16),
-             torch.rand(4096, device="cuda").round().bfloat16()))))
+    # a size where the fused heads gain least (bench_schedule, graphed): fused, PyTorch and zero-cost heads
+    for dname, heads in (("bf16", "fused"), ("bf16", "torch"), ("tf32", "fused"), ("tf32", "torch"), ("tf32", "free")):
+        configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads", lambda dname=dname, heads=heads: _mlp_heads(
+            512, 4096, torch.bfloat16 if dname == "bf16" else torch.float32, heads)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:

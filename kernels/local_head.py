@@ -5,11 +5,11 @@ Three kernels share one skeleton (derivation and schedule: docs/local_head.md):
 * `_dense_head_kernel`  -- C <= 64 ("bce", "mse", and "ce" with few classes). A row
   tile's logits fit in registers, so dz is known after one pass over D; grad_h is
   written at once and grad_W is summed per *row group* into a private fp32 slot.
-* `_small_ce_kernel`    -- "ce" with 64 < C <= 256. Phase A: per row tile, the C logits in
+* `_small_ce_kernel`    -- "ce" with 64 < C <= 512. Phase A: per row tile, the C logits in
   registers (exact softmax), dz to an L2-resident scratch in h's dtype, grad_h = dz W.
   Phase B: the GEMM grad_W = dz^T h split over output tiles and row groups (split-K), so a
   grid of a few SMs still has work for every program; phase R sums the group rows.
-* `_vocab_ce_kernel`    -- "ce" with C > 256 (vocabularies up to 128K). Phase A runs
+* `_vocab_ce_kernel`    -- "ce" with C > 512 (vocabularies up to 128K). Phase A runs
   over row tiles with an online log-sum-exp and accumulates grad_h = softmax @ W
   flash-attention style; phase B runs over vocabulary tiles and sums grad_W from
   recomputed logits and the lse saved by phase A.
@@ -47,8 +47,11 @@ MAX_DENSE_C = 64
 DENSE_CE_MAX_C = 64
 # "ce" with DENSE_CE_MAX_C < C <= SMALL_CE_MAX_C takes the small-vocabulary kernel (a row
 # tile's C logits in registers, dz through L2 scratch, grad_W split over row groups); above
-# it, the vocabulary kernel. Measured: benchmarks/bench_ce_path.py.
-SMALL_CE_MAX_C = 256
+# it, the vocabulary kernel. Measured: benchmarks/bench_ce_path.py. H200 at 256 < C <= 512
+# (ce_path_s9_bf16.csv, _fp32.csv; N=4096-8192, D=256-1024): bf16 1.4-3.0x faster than the
+# vocabulary kernel on the whole device, 1.3-2.8x at occupancy 1/8; fp32 faster in 6 of 8
+# cases (C=512 D=512 whole device 387 vs 338 us; D=256 at 1/8 a tie).
+SMALL_CE_MAX_C = 512
 MAX_VOCAB = 131072
 
 # Counter slots in the int32 workspace (the kernels index ctr_ptr + slot):
@@ -519,7 +522,7 @@ def _small_ce_kernel(
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     N_CTR: tl.constexpr, PHASES: tl.constexpr,
 ):
-    # C <= 256: a row tile's logits fit in registers, so the softmax is exact in one pass (no
+    # C <= 512: a row tile's logits fit in registers, so the softmax is exact in one pass (no
     # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
     # the loss, dz = dLoss/dz (to an L2-resident scratch in h's dtype) and grad_h = dz W.
     # Phase B: the GEMM grad_W = dz^T h, split over output tiles AND row groups (split-K), so
@@ -750,7 +753,7 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
         # C=256 D=512 (benchmarks/compile_report.py): bf16 241 registers, no spills, 136 KB
         # shared; fp32 needs chunks of 32 to fit (234 registers, 168 KB; with 64: 272 KB).
         chunk = 64 if esize <= 2 else 32
-        # (C up to 512 only for measurement: 32-row tiles keep the logits to 64 registers)
+        # C in (256, 512]: 32-row tiles keep the logits at 64 registers a thread
         bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
         bcw, bdw, bkw = cfg.block_v or min(block_c, 128), cfg.block_d or min(dp, 128), 64
         warps, stages = cfg.num_warps or 8, cfg.num_stages or 3

@@ -94,12 +94,13 @@ def test_ce_vocab_large_rows(device):
     check("ce", 781, 130, 1000, torch.float32, False, 1.0, device)
 
 
-# The small-vocabulary CE kernel (64 < C <= 256): odd and full class counts, every dtype,
+# The small-vocabulary CE kernel (64 < C <= 512): odd and full class counts, every dtype,
 # ignored rows, with and without bias, and row groups (split-K phase B + phase R) where N is
 # long enough (1100 rows under the interpreter: 9 row blocks of 128, 2 groups at occupancy 1/2).
 SMALL_CE = [(63, 50, 65, "fp32", True, None, "mean"), (781, 130, 130, "bf16", False, 1 / 32, "mean"),
             (1100, 64, 256, "fp16", True, 0.5, "mean"), (1100, 48, 200, "fp32", False, 0.5, "sum"),
-            (1, 130, 100, "bf16", True, None, "sum")]
+            (1, 130, 100, "bf16", True, None, "sum"), (300, 40, 300, "fp32", True, None, "mean"),
+            (129, 24, 512, "bf16", False, 0.5, "mean")]
 
 
 @pytest.mark.parametrize("N,D,C,dt,bias,occupancy,reduction", SMALL_CE,
