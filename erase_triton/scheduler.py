@@ -166,6 +166,7 @@ class Scheduler:
         self.last_trace: list = []
         self.last_forks = 0
         self._in_step = False
+        self._warming = False  # capture()'s warm-up steps: fork like the captured step will
         # a process does not gain or lose its CUDA runtime: asked once, not at every step
         self._has_cuda = torch.cuda.is_available()
         self._fixed_device = dev if dev is not None and dev.index is not None else None  # "cuda": the current one
@@ -223,7 +224,7 @@ class Scheduler:
         try:
             if self._on_streams:
                 self._capturing = torch.cuda.is_current_stream_capturing()
-                if self.adaptive and not self._capturing and not self._decide():
+                if self.adaptive and not self._capturing and not self._warming and not self._decide():
                     # The GPU had finished the previous step before the host began the deciding
                     # one: the host is the bottleneck, nothing would overlap. Run exactly what
                     # sequential runs, and no more host calls than it: no stream lookup (the
@@ -336,10 +337,18 @@ class Scheduler:
             raise RuntimeError("Scheduler.capture needs CUDA")
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                with self.step():
-                    step_fn(*static_inputs)
+        # The warm-up steps take the captured step's path (every detach point forks), so what
+        # a ring stream allocates on first use (the heads' per-stream workspaces, zeroed once)
+        # exists before capture; allocated during capture, its zero-fill would be recorded
+        # and replayed before every head (two fill kernels a head on the H200 trace).
+        self._warming = True
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    with self.step():
+                        step_fn(*static_inputs)
+        finally:
+            self._warming = False
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side):

@@ -330,6 +330,29 @@ def test_capture_replay_equals_eager(mode, priorities):
         assert prio[0] == 0 and prio[1] < 0 and prio == sorted(prio, reverse=True), prio
 
 
+def test_capture_records_no_workspace_fills():
+    # capture()'s warm-up forks like the captured step, so the heads' per-stream workspaces
+    # exist before capture: a replay runs the six head kernels and no zero-fill before them
+    torch.manual_seed(0)
+    model = mlp_chain(256)
+    x, y = torch.randn(1024, 256, device=dev), torch.rand(1024, device=dev).round()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        model(x, y)
+        opt.step()
+    replay = Scheduler("erase").capture(step, x, y)  # adaptive (the default): its warm-up used to run sequentially
+    replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("_dense_head_kernel" in n for n in names) == 6, names
+    assert not [n for n in names if "Fill" in n], [n for n in names if "Fill" in n]
+
+
 def test_overlap_in_profiler_trace():
     """A kernel of segment i's backward runs while segment i+1's forward runs."""
     torch.manual_seed(0)
