@@ -80,7 +80,7 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return _heads(model, heads), inputs
 
 
-PRIORITIES = True  # rising CUDA stream priorities along the erase ring (--no-priorities: all equal)
+PRIORITIES = None  # --priorities: Scheduler(priorities=...) of the erase ring; None: the library default
 
 
 def measure(model, inputs, mode, graphed, streams=None, priorities=None):
@@ -89,9 +89,21 @@ def measure(model, inputs, mode, graphed, streams=None, priorities=None):
     return r["ms"], r.get("peak_mb", float("nan"))
 
 
+def _prio_on() -> bool:
+    return PRIORITIES not in (False, "off") and (PRIORITIES is not None or Scheduler().priorities != "off")
+
+
 def other_priorities() -> str:
     """The streams label of the graphed erase row run with the other priority setting."""
-    return "equal-priority" if PRIORITIES else "rising-priority"
+    return "equal-priority" if _prio_on() else "rising-priority"
+
+
+def other_setting():
+    return "off" if _prio_on() else "rising"
+
+
+def _sched(mode, **kw):
+    return Scheduler(mode, **kw) if PRIORITIES is None else Scheduler(mode, priorities=PRIORITIES, **kw)
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, free=False):
@@ -108,10 +120,10 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                 continue
             if False in execs:  # eager: the modes interleaved on one model (host drift hits all alike)
                 model, inputs = build(heads)
-                variants = {(m, "auto"): Scheduler(m, priorities=PRIORITIES) for m in MODES}
+                variants = {(m, "auto"): _sched(m) for m in MODES}
                 if heads == "fused":  # what adaptive forking buys, and what a non-default stream costs
-                    variants[("erase", "always-fork")] = Scheduler("erase", adaptive=False, priorities=PRIORITIES)
-                    variants[("erase", other_priorities())] = Scheduler("erase", priorities=not PRIORITIES)
+                    variants[("erase", "always-fork")] = _sched("erase", adaptive=False)
+                    variants[("erase", other_priorities())] = Scheduler("erase", priorities=other_setting())
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
                 per_round = {}
@@ -138,7 +150,7 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
             for k in list(ring_sizes) + [other_priorities()]:
                 model, inputs = build(heads)
                 if isinstance(k, str):  # the default ring with the other priority setting
-                    ms, peak = measure(model, inputs, "erase", True, priorities=not PRIORITIES)
+                    ms, peak = measure(model, inputs, "erase", True, priorities=other_setting())
                 else:
                     ms, peak = measure(model, inputs, "erase", True, streams=k)
                 row = dict(desc, heads=heads, exec="graph", mode="erase", streams=k, ms=ms, peak_mb=peak)
@@ -209,13 +221,13 @@ def main():
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads)")
     ap.add_argument("--group-tiles", type=int, default=None,
                     help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
-    ap.add_argument("--no-priorities", action="store_true",
-                    help="Scheduler(priorities=False): every ring stream at the default priority (the default "
-                         "gives ring stream k CUDA priority -k)")
+    ap.add_argument("--priorities", default=None, choices=["rising", "tail", "off"],
+                    help="Scheduler(priorities=...) of the erase ring (default: the library's); each config also "
+                         "gets one graphed erase row with priorities off (or rising, when this is off)")
     ap.add_argument("--min-width", type=int, default=None, help="only MLP configs from this width")
     args = ap.parse_args()
     global PRIORITIES
-    PRIORITIES = not args.no_priorities
+    PRIORITIES = args.priorities
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -229,14 +241,14 @@ def main():
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                   group_tiles=args.group_tiles or "", priorities=int(PRIORITIES)),
+                                   group_tiles=args.group_tiles or "", priorities=PRIORITIES or Scheduler().priorities),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
                                                                              args.group_tiles)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
-                               priorities=int(PRIORITIES)),
+                               priorities=PRIORITIES or Scheduler().priorities),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,

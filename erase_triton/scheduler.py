@@ -45,6 +45,7 @@ import torch
 __all__ = ["Scheduler", "RingPlan", "current"]
 
 MODES = ("e2e", "sequential", "erase")
+PRIORITIES = ("rising", "tail", "off")
 _local = threading.local()
 
 
@@ -74,12 +75,19 @@ class RingPlan:
         return [j for j, (k, lv) in earlier.items() if k != stream and lv & leaves]
 
     @staticmethod
-    def priority_of(stream: int) -> int:
-        """CUDA priority of ring stream `stream` when priorities rise along the ring (lower
-        numbers rank higher; torch.cuda.Stream clamps to its range, 0 to -3 today). Segment
-        i+1's forward then outranks segment i's backward, queued on the stream before it,
-        when both wait for SMs."""
-        return -stream
+    def priority_of(stream: int, kind: str = "rising", used: int | None = None, levels: int = 4) -> int:
+        """CUDA priority of ring stream `stream` (lower numbers rank higher; PyTorch's
+        streams have `levels` = 4: 0 to -3). "rising": -stream, clamped, so segment i+1's
+        forward outranks segment i's backward (queued on the stream before it) when both wait
+        for SMs; past the fourth stream all share the top level. "tail": the top levels go
+        to the last streams a step used (`used` of them; "rising" while unknown), so the
+        final segments, whose forward and backward end the step, rank above every earlier
+        backward and the earliest streams share the bottom level. "off": 0."""
+        if kind == "off":
+            return 0
+        if kind == "tail" and used is not None:
+            return -max(0, levels - 1 - (used - 1 - stream))
+        return -min(stream, levels - 1)
 
 
 _STREAMS: dict = {}  # (stream id, device index, device type) -> its torch.cuda.Stream object
@@ -128,9 +136,11 @@ class Scheduler:
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current). adaptive: fork at
     a detach point only when the GPU is behind the host, decided every `decide_every`
-    steps (see the module docstring). priorities (default True): ring stream k gets CUDA
-    priority -k (clamped to PyTorch's range, 0 to -3), so when SMs are contended the block
-    scheduler dispatches a later segment's forward before an earlier segment's backward;
+    steps (see the module docstring). priorities: CUDA priorities of the ring streams,
+    "rising" (True; ring stream k at -k, clamped to PyTorch's range 0 to -3), "tail" (the top
+    levels for the last streams the previous step used; streams are re-created when that
+    count changes, between steps) or "off" (False); see `RingPlan.priority_of`. When SMs are
+    contended the block scheduler dispatches the higher-priority stream's blocks first;
     captured graphs keep the priorities (PyTorch instantiates them with per-node priority).
     H200, graphed erase, six-block MLP w <= 512: steps 2-10% shorter than with equal
     priorities (benchmarks/NOTES.md, session 9). With a ring smaller than the segments, a
@@ -138,7 +148,7 @@ class Scheduler:
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
-                 decide_every: int = 8, priorities: bool = True):
+                 decide_every: int = 8, priorities: bool | str = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
@@ -150,8 +160,10 @@ class Scheduler:
             raise ValueError(f"adaptive must be a bool, got {adaptive!r}")
         if isinstance(decide_every, bool) or not isinstance(decide_every, int) or decide_every < 1:
             raise ValueError(f"decide_every must be a positive int, got {decide_every!r}")
-        if not isinstance(priorities, bool):
-            raise ValueError(f"priorities must be a bool, got {priorities!r}")
+        if isinstance(priorities, bool):
+            priorities = "rising" if priorities else "off"
+        if priorities not in PRIORITIES:
+            raise ValueError(f"priorities must be a bool or one of {PRIORITIES}, got {priorities!r}")
         self.decide_every = decide_every
         self.priorities = priorities
         self._adaptive_steps = 0   # eager (not captured) adaptive steps so far
@@ -161,6 +173,8 @@ class Scheduler:
         self.adaptive = adaptive
         self.device = device
         self._streams: list = []
+        self._stream_prio: list = []  # the priority each ring stream was created with
+        self._used = None             # ring streams the last forking step used ("tail" priorities)
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
         self._leaf_cache: dict = {}
         self.last_trace: list = []
@@ -177,9 +191,19 @@ class Scheduler:
 
     def _ring_stream(self, k: int):
         while len(self._streams) <= k:
-            prio = RingPlan.priority_of(len(self._streams)) if self.priorities else 0
+            prio = RingPlan.priority_of(len(self._streams), self.priorities, self._used)
             self._streams.append(torch.cuda.Stream(device=self._cuda_device, priority=prio))
+            self._stream_prio.append(prio)
         return self._streams[k]
+
+    def _retune_priorities(self):
+        """("tail") Between steps: re-create the ring streams whose priority the number of
+        streams the last step used now calls for (a stream's priority is fixed at creation)."""
+        for k in range(len(self._streams)):
+            want = RingPlan.priority_of(k, self.priorities, self._used)
+            if want != self._stream_prio[k]:
+                self._streams[k] = torch.cuda.Stream(device=self._cuda_device, priority=want)
+                self._stream_prio[k] = want
 
     def _record(self, kind: str, index: int, stream):
         # A re-recorded event is safe to reuse: a wait already queued on the device keeps
@@ -232,6 +256,8 @@ class Scheduler:
                     self._seq_step = True
                 else:
                     caller = self._caller = _current_stream(self._cuda_device)
+                    if self.priorities == "tail" and self._streams:
+                        self._retune_priorities()
                     s0 = self._ring_stream(0)
                     s0.wait_event(self._record("start", 0, caller))
                     self._forked = {0}
@@ -243,6 +269,7 @@ class Scheduler:
                 if self._on_streams:
                     if not self._seq_step:
                         self._join()
+                        self._used = min(self._plan.n_streams, self.last_forks + 1)
                     if self.adaptive and not self._capturing and self._adaptive_steps % self.decide_every == 0:
                         # the next step decides: it asks whether this one is done (a sequential
                         # step never left the caller's stream: the current one)
@@ -335,6 +362,8 @@ class Scheduler:
         """
         if not torch.cuda.is_available():
             raise RuntimeError("Scheduler.capture needs CUDA")
+        if self.priorities == "tail" and self.mode == "erase":
+            warmup = max(warmup, 2)  # the second step re-creates the streams at their final priorities
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         # The warm-up steps take the captured step's path (every detach point forks), so what

@@ -165,7 +165,7 @@ class FreeHead(LocalHead):
 
 
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              priorities: bool | None = None) -> dict:
+              priorities: bool | str | None = None) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
     priorities: Scheduler(priorities=...) (rising CUDA priorities along the erase ring);
     None: the Scheduler's default."""

@@ -186,27 +186,36 @@ def test_ring_plan():
     assert p.bwd_after(0, frozenset({2, 3}), earlier) == [1]
 
 
-def test_ring_plan_priorities_rise_along_the_ring():
-    assert [RingPlan.priority_of(k) for k in range(4)] == [0, -1, -2, -3]
+def test_ring_plan_priorities():
+    p = RingPlan.priority_of
+    assert [p(k) for k in range(6)] == [0, -1, -2, -3, -3, -3]  # rising, clamped to 4 levels
+    assert [p(k, "tail", 6) for k in range(6)] == [0, 0, 0, -1, -2, -3]  # the last streams on top
+    assert [p(k, "tail", None) for k in range(3)] == [0, -1, -2]  # unknown count: rising
+    assert [p(k, "tail", 2) for k in range(2)] == [-2, -3]
+    assert [p(k, "off", 6) for k in range(6)] == [0] * 6
 
 
-@pytest.mark.parametrize("priorities", [False, True])
-def test_ring_streams_get_rising_priorities(monkeypatch, priorities):
-    # erase, always forking: six segments on six ring streams; with priorities=True stream k
-    # is created with priority -k (torch clamps to its range), else all at the default 0
+@pytest.mark.parametrize("priorities,want", [
+    (False, [[0] * 6, [0] * 6]),
+    (True, [[0, -1, -2, -3, -3, -3]] * 2),
+    ("tail", [[0, -1, -2, -3, -3, -3], [0, 0, 0, -1, -2, -3]]),  # re-created once the count is known
+])
+def test_ring_streams_get_their_priorities(monkeypatch, priorities, want):
+    # erase, always forking: six segments on six ring streams, two steps
     torch.manual_seed(0)
-    model = Chain(n=4)
+    model = Chain(n=6)
     for hd in model.heads:
         hd.backend = "torch"
     x, y = data("bce")
     ref = detached_reference(copy.deepcopy(model), x, y)
     _fake_cuda(monkeypatch, lambda name: True)
     sched = Scheduler("erase", adaptive=False, priorities=priorities)
-    with sched.step():
-        model(x, y)
-    got = [s.priority for s in sched._streams]
-    assert got == ([0, -1, -2, -3] if priorities else [0, 0, 0, 0])
-    assert_same_grads(grads(model), ref)
+    for step_want in want:
+        model.zero_grad(set_to_none=True)
+        with sched.step():
+            model(x, y)
+        assert [s.priority for s in sched._streams] == step_want
+        assert_same_grads(grads(model), ref)
 
 
 def test_scheduler_rejects_bad_args_and_nesting():
@@ -216,8 +225,8 @@ def test_scheduler_rejects_bad_args_and_nesting():
         Scheduler("erase", streams=0)
     with pytest.raises(ValueError, match="adaptive must be a bool"):
         Scheduler("erase", adaptive="yes")
-    with pytest.raises(ValueError, match="priorities must be a bool"):
-        Scheduler("erase", priorities=1)
+    with pytest.raises(ValueError, match="priorities must be a bool or one of"):
+        Scheduler("erase", priorities="high")
     with pytest.raises(ValueError, match="device must be a CUDA device"):
         Scheduler("erase", device="cpu")
     Scheduler("erase", device="cuda:0")  # checked without touching CUDA
