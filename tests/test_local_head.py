@@ -237,7 +237,7 @@ def test_narrow_row_tiles_need_c1(device):
     h, w, b, y = make("ce", 8, 4, 100, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 for the small-vocabulary CE kernel"):
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
-    h, w, b, y = make("ce", 8, 4, 300, torch.float32, True, device)
+    h, w, b, y = make("ce", 8, 4, 600, torch.float32, True, device)
     with pytest.raises(ValueError, match="block_n must be >= 16 for the vocabulary kernel"):
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(block_n=8))
 
