@@ -12,7 +12,9 @@
               ring; its head and backward are queued there right away, and the next
               segment waits only on an event recorded when the segment's forward ended,
               so backward i overlaps forward i+1. Leaving step() joins every stream
-              into the caller's stream. Without CUDA: sequential semantics.
+              into the caller's stream. Without CUDA: sequential semantics. The last
+              three ring streams run at raised CUDA priorities (`priorities="tail"`),
+              so the segments that end the step are not held up by earlier backwards.
               adaptive=True (default) decides at the entry of every `decide_every`-th step
               (default 8) whether to fork, and the steps in between keep the decision: if
               the step before the deciding one had already finished on the GPU when it
@@ -136,15 +138,17 @@ class Scheduler:
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
     created on demand). device: the CUDA device (default: current). adaptive: fork at
     a detach point only when the GPU is behind the host, decided every `decide_every`
-    steps (see the module docstring). priorities: CUDA priorities of the ring streams,
-    "rising" (True; ring stream k at -k, clamped to PyTorch's range 0 to -3), "tail" (the top
-    levels for the last streams the previous step used; streams are re-created when that
-    count changes, between steps) or "off" (False); see `RingPlan.priority_of`. When SMs are
-    contended the block scheduler dispatches the higher-priority stream's blocks first;
-    captured graphs keep the priorities (PyTorch instantiates them with per-node priority).
-    H200, graphed erase, six-block MLP w <= 512: steps 2-10% shorter than with equal
-    priorities (benchmarks/NOTES.md, session 9). With a ring smaller than the segments, a
-    wrapped segment's forward ranks below backwards queued on later streams.
+    steps (see the module docstring). priorities: CUDA priorities of the ring streams (see
+    `RingPlan.priority_of`): "tail" (True, the default: the top levels of PyTorch's four,
+    -1 to -3, for the last three streams the previous step used, 0 for the earlier ones;
+    the streams are re-created between steps when that count changes), "rising" (ring stream
+    k at -k, clamped) or "off" (False: all at 0). When SMs are contended the block scheduler
+    dispatches the higher-priority stream's blocks first, so the final segments, whose
+    forward and backward end the step, go ahead of the earlier segments' backwards. Captured
+    graphs keep the priorities (PyTorch instantiates them with per-node priority). H200,
+    graphed erase against "off" (benchmarks/NOTES.md, session 9): six-block MLP w <= 512
+    4-8% shorter steps with "tail" (2-7% with "rising"); six-layer transformer 1-2% shorter
+    with "tail" and 1-4% *longer* with "rising".
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
@@ -161,7 +165,7 @@ class Scheduler:
         if isinstance(decide_every, bool) or not isinstance(decide_every, int) or decide_every < 1:
             raise ValueError(f"decide_every must be a positive int, got {decide_every!r}")
         if isinstance(priorities, bool):
-            priorities = "rising" if priorities else "off"
+            priorities = "tail" if priorities else "off"
         if priorities not in PRIORITIES:
             raise ValueError(f"priorities must be a bool or one of {PRIORITIES}, got {priorities!r}")
         self.decide_every = decide_every

@@ -291,7 +291,7 @@ def test_step_has_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("mode,priorities", [("erase", False), ("erase", True), ("erase", "tail"), ("sequential", False),
+@pytest.mark.parametrize("mode,priorities", [("erase", False), ("erase", "rising"), ("erase", True), ("sequential", False),
                                              ("e2e", False)])
 def test_capture_replay_equals_eager(mode, priorities):
     torch.manual_seed(0)
@@ -327,9 +327,9 @@ def test_capture_replay_equals_eager(mode, priorities):
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
         torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
     prio = [s.priority for s in sched._streams]  # what CUDA gave the ring streams (torch clamps to 0..-3)
-    if priorities is True:
+    if priorities == "rising":
         assert prio[0] == 0 and prio[1] < 0 and prio == sorted(prio, reverse=True), prio
-    elif priorities == "tail":
+    elif priorities is True:  # "tail"
         assert prio[0] == 0 and prio[-1] < prio[-2] < 0 and prio == sorted(prio, reverse=True), prio
 
 

@@ -197,8 +197,8 @@ def test_ring_plan_priorities():
 
 @pytest.mark.parametrize("priorities,want", [
     (False, [[0] * 6, [0] * 6]),
-    (True, [[0, -1, -2, -3, -3, -3]] * 2),
-    ("tail", [[0, -1, -2, -3, -3, -3], [0, 0, 0, -1, -2, -3]]),  # re-created once the count is known
+    ("rising", [[0, -1, -2, -3, -3, -3]] * 2),
+    (True, [[0, -1, -2, -3, -3, -3], [0, 0, 0, -1, -2, -3]]),  # "tail": re-created once the count is known
 ])
 def test_ring_streams_get_their_priorities(monkeypatch, priorities, want):
     # erase, always forking: six segments on six ring streams, two steps
