@@ -8,7 +8,10 @@ step time from CUDA events: graphed steps one mode at a time, eager steps with t
 interleaved on one model (`time_eager_modes`), with a paired estimate (the median over
 rounds of sequential's time / each variant's in the same round); peak memory of the eager
 step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free
-heads bounds what any head implementation can buy. CSV with GPU metadata.
+heads bounds what any head implementation can buy. Erase runs with the Scheduler's stream
+priorities (--priorities, default the library's "tail"), and each config adds one erase variant
+with priorities off (or "rising", with --priorities off), graphed and eager, in the same run:
+summary columns *_equal_prio / eager_equal_priority_vs_seq*. CSV with GPU metadata.
 """
 from __future__ import annotations
 

@@ -146,9 +146,9 @@ class Scheduler:
     dispatches the higher-priority stream's blocks first, so the final segments, whose
     forward and backward end the step, go ahead of the earlier segments' backwards. Captured
     graphs keep the priorities (PyTorch instantiates them with per-node priority). H200,
-    graphed erase against "off" (benchmarks/NOTES.md, session 9): six-block MLP w <= 512
-    4-8% shorter steps with "tail" (2-7% with "rising"); six-layer transformer 1-2% shorter
-    with "tail" and 1-4% *longer* with "rising".
+    graphed erase against "off" (benchmarks/NOTES.md, session 9): six-block MLP w <= 1024,
+    b <= 4096, 3-8% shorter steps with "tail" (2-7% with "rising"), b16384 unchanged;
+    six-layer transformer 1-2% shorter with "tail" and 1-4% *longer* with "rising".
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
@@ -358,7 +358,10 @@ class Scheduler:
         """Capture ``with self.step(): step_fn(*static_inputs)`` in one CUDA graph.
 
         Runs `warmup` real steps first (they train: optimizer state and lazy
-        allocations must exist before capture), then captures one step, including
+        allocations must exist before capture; at least 2 in "erase" mode with
+        priorities="tail", whose second step gives the ring streams their final
+        priorities; they fork at every detach point, like the captured step), then
+        captures one step, including
         every early backward on its stream and whatever optimizer step step_fn does.
         Returns a callable that replays the graph and returns step_fn's output
         (static tensors, overwritten by each replay). Copy new data into
