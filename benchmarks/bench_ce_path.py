@@ -31,9 +31,9 @@ from erase_triton.reference import local_head as local_head_reference  # noqa: E
 
 SHAPES = [(4096, 256, 256), (8192, 512, 256), (8192, 1024, 256), (4096, 256, 128), (4096, 256, 512)]
 DENSE_TILES = [None, LaunchConfig(block_n=32, block_d=64, num_warps=8)]
-# path -> (DENSE_CE_MAX_C, SMALL_CE_MAX_C): which kernel C = 65..512 takes
-PATHS = {"small": (64, 512), "vocab": (64, 64), "dense": (1 << 20, 1 << 20)}
-DEFAULT_PATH = (lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C)
+# path -> (DENSE_CE_MAX_C, SMALL_CE_MAX_C): which kernel C = 65..512 takes ("library": the default routing)
+PATHS = {"small": (64, 512), "vocab": (64, 64), "dense": (1 << 20, 1 << 20),
+         "library": (lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C)}
 
 
 def use_path(path: str):
@@ -110,8 +110,7 @@ def main():
                     rows.append(row)
                     print(rows[-1], flush=True)
         write_csv(args.out, rows, meta)
-    lh.DENSE_CE_MAX_C, lh.SMALL_CE_MAX_C = DEFAULT_PATH  # the library's own routing again
-    _clear_plans()
+    use_path("library")  # the library's own routing again
     best = {}
     for r in rows:
         if "us" in r and "max_rel_err" in r and r["max_rel_err"] < 2e-2:  # (PHASES rows stop early: no error)

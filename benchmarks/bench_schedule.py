@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton import Scheduler  # noqa: E402
-from erase_triton.models import MLPChain  # noqa: E402
-from erase_triton.study import FreeHead, time_eager_modes, time_step, transformer_workload  # noqa: E402
+from erase_triton.study import free_heads, mlp_workload, time_eager_modes, time_step, transformer_workload  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -59,8 +58,7 @@ class SideStreamScheduler(Scheduler):
 def _heads(model, heads, group_tiles=None):
     """free: zero-cost heads; fused with group_tiles: claimed groups of k row tiles (LaunchConfig.group_tiles)."""
     if heads == "free":
-        for hd in model.heads:
-            hd.__class__ = FreeHead
+        free_heads(model)
     elif heads == "fused" and group_tiles:
         for hd in model.heads:
             hd.config = dataclasses.replace(hd.config, group_tiles=group_tiles)
@@ -69,12 +67,9 @@ def _heads(model, heads, group_tiles=None):
 
 
 def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None):
-    torch.manual_seed(0)
-    model = MLPChain(width, backend="torch" if heads == "torch" else "auto", occupancy=occupancy,
-                     device="cuda", dtype=dtype)
-    x = torch.randn(batch, width, device="cuda", dtype=dtype)
-    y = torch.rand(batch, device="cuda").round().to(dtype)
-    return _heads(model, heads, group_tiles), (x, y)
+    model, inputs = mlp_workload(width, batch, dtype, occupancy=occupancy,
+                                 backend="torch" if heads == "torch" else "auto")
+    return _heads(model, heads, group_tiles), inputs
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto"):
@@ -83,30 +78,25 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
     return _heads(model, heads), inputs
 
 
-PRIORITIES = None  # --priorities: Scheduler(priorities=...) of the erase ring; None: the library default
+PRIORITIES = None  # the erase ring's Scheduler(priorities=...): set by main (--priorities, else the library's)
 
 
 def measure(model, inputs, mode, graphed, streams=None, priorities=None):
-    r = time_step(model, inputs, mode, graphed, streams=streams,
-                  priorities=PRIORITIES if priorities is None else priorities)
+    r = time_step(model, inputs, mode, graphed, streams=streams, priorities=priorities or PRIORITIES)
     return r["ms"], r.get("peak_mb", float("nan"))
-
-
-def _prio_on() -> bool:
-    return PRIORITIES not in (False, "off") and (PRIORITIES is not None or Scheduler().priorities != "off")
 
 
 def other_priorities() -> str:
     """The streams label of the graphed erase row run with the other priority setting."""
-    return "equal-priority" if _prio_on() else "rising-priority"
+    return "equal-priority" if PRIORITIES != "off" else "rising-priority"
 
 
-def other_setting():
-    return "off" if _prio_on() else "rising"
+def other_setting() -> str:
+    return "off" if PRIORITIES != "off" else "rising"
 
 
 def _sched(mode, **kw):
-    return Scheduler(mode, **kw) if PRIORITIES is None else Scheduler(mode, priorities=PRIORITIES, **kw)
+    return Scheduler(mode, priorities=PRIORITIES, **kw)
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, free=False):
@@ -230,7 +220,7 @@ def main():
     ap.add_argument("--min-width", type=int, default=None, help="only MLP configs from this width")
     args = ap.parse_args()
     global PRIORITIES
-    PRIORITIES = args.priorities
+    PRIORITIES = args.priorities or Scheduler().priorities
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -244,14 +234,14 @@ def main():
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                   group_tiles=args.group_tiles or "", priorities=PRIORITIES or Scheduler().priorities),
+                                   group_tiles=args.group_tiles or "", priorities=PRIORITIES),
                               lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
                                                                              args.group_tiles)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
-                               priorities=PRIORITIES or Scheduler().priorities),
+                               priorities=PRIORITIES),
                           lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,

@@ -177,7 +177,7 @@ class Scheduler:
         self.adaptive = adaptive
         self.device = device
         self._streams: list = []
-        self._stream_prio: list = []  # the priority each ring stream was created with
+        self._stream_prio: list = []  # the priority each ring stream was asked for (torch may clamp it)
         self._used = None             # ring streams the last forking step used ("tail" priorities)
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
         self._leaf_cache: dict = {}

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
+from .models.mlp import MLPChain
 from .models.transformer import TinyTransformer
 from .reference import head_loss
 from .scheduler import Scheduler
@@ -117,6 +118,16 @@ def transformer_workload(width: int, batch: int, seq: int, *, occupancy="auto", 
     return model, (x, y)
 
 
+def mlp_workload(width: int, batch: int, dtype=torch.bfloat16, *, occupancy="auto", backend="auto", device="cuda",
+                 seed=0):
+    """The six-block MLP proxy (BCE heads) and one batch of random inputs and 0/1 targets."""
+    torch.manual_seed(seed)
+    model = MLPChain(width, backend=backend, occupancy=occupancy, device=device, dtype=dtype)
+    x = torch.randn(batch, width, device=device, dtype=dtype)
+    y = torch.rand(batch, device=device).round().to(dtype)
+    return model, (x, y)
+
+
 def e2e_loss_fn(model):
     """Plain end-to-end loss of a model (no LocalHead machinery): what torch.compile gets."""
     if isinstance(model, CTRModel):
@@ -164,11 +175,18 @@ class FreeHead(LocalHead):
         return h.detach()
 
 
+def free_heads(model):
+    """Make every LocalHead of `model` a FreeHead (in place); returns the model."""
+    for m in model.modules():
+        if isinstance(m, LocalHead):
+            m.__class__ = FreeHead
+    return model
+
+
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
               priorities: bool | str | None = None) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
-    priorities: Scheduler(priorities=...) (rising CUDA priorities along the erase ring);
-    None: the Scheduler's default."""
+    priorities: Scheduler(priorities=...) of the erase ring; None: the Scheduler's default."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     kw = {} if priorities is None else dict(priorities=priorities)
     sched = Scheduler(mode, streams=streams, **kw)
@@ -376,25 +394,12 @@ def _kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     return out
 
 
-def _mlp_heads(width: int, batch: int, dtype, heads: str):
-    """The MLP proxy with fused ("fused"), PyTorch ("torch") or zero-cost ("free") heads, and a batch."""
-    from .models.mlp import MLPChain
-
-    model = MLPChain(width, backend="torch" if heads == "torch" else "auto", device="cuda", dtype=dtype)
-    if heads == "free":
-        for hd in model.heads:
-            hd.__class__ = FreeHead
-    return model, (torch.randn(batch, width, device="cuda", dtype=dtype),
-                   torch.rand(batch, device="cuda").round().to(dtype))
-
-
 def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), only: str | None = None) -> list[dict]:
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
     eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
     w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
     tf32 dots on).
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
-    from .models.mlp import MLPChain
     from .plots import plot_timeline
 
     if not torch.cuda.is_available():
@@ -403,13 +408,14 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     os.makedirs(out_dir, exist_ok=True)
     configs = [("transformer_w256_b32_s128", lambda: transformer_workload(256, 32, 128)),
                ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
-               ("mlp_w4096_b32768_saturating", lambda: (MLPChain(4096, device="cuda", dtype=torch.bfloat16),
-                                                         (torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16),
-                                                          torch.rand(32768, device="cuda").round().bfloat16())))]
+               ("mlp_w4096_b32768_saturating", lambda: mlp_workload(4096, 32768))]
     # a size where the fused heads gain least (bench_schedule, graphed): fused, PyTorch and zero-cost heads
+    def mlp_heads(dtype, heads):
+        model, inputs = mlp_workload(512, 4096, dtype, backend="torch" if heads == "torch" else "auto")
+        return (free_heads(model) if heads == "free" else model), inputs
     for dname, heads in (("bf16", "fused"), ("bf16", "torch"), ("tf32", "fused"), ("tf32", "torch"), ("tf32", "free")):
-        configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads", lambda dname=dname, heads=heads: _mlp_heads(
-            512, 4096, torch.bfloat16 if dname == "bf16" else torch.float32, heads)))
+        configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads", lambda dname=dname, heads=heads: mlp_heads(
+            torch.bfloat16 if dname == "bf16" else torch.float32, heads)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
