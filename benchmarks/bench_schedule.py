@@ -11,7 +11,11 @@ step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch
 heads bounds what any head implementation can buy. Erase runs with the Scheduler's stream
 priorities (--priorities, default the library's "tail"), and each config adds one erase variant
 with priorities off (or "rising", with --priorities off), graphed and eager, in the same run:
-summary columns *_equal_prio / eager_equal_priority_vs_seq*. CSV with GPU metadata.
+summary columns *_equal_prio / eager_equal_priority_vs_seq*. --relu-in-head on|both: MLP
+blocks hand their last ReLU to the head (`MLPChain(relu_in_head=True)`, LocalHead(activation=
+"relu")); "both" runs each MLP config both ways (column relu_in_head). --captures K: each
+graphed row is the median over K separate captures (one capture's replays vary by ~±3%).
+CSV with GPU metadata.
 """
 from __future__ import annotations
 
@@ -66,9 +70,9 @@ def _heads(model, heads, group_tiles=None):
     return model
 
 
-def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None):
+def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False):
     model, inputs = mlp_workload(width, batch, dtype, occupancy=occupancy,
-                                 backend="torch" if heads == "torch" else "auto")
+                                 backend="torch" if heads == "torch" else "auto", relu_in_head=relu_in_head)
     return _heads(model, heads, group_tiles), inputs
 
 
@@ -79,11 +83,13 @@ def transformer_case(width, batch, seq, heads, occupancy="auto"):
 
 
 PRIORITIES = None  # the erase ring's Scheduler(priorities=...): set by main (--priorities, else the library's)
+CAPTURES = 1  # graphed rows: the median over this many captures (--captures)
 
 
 def measure(model, inputs, mode, graphed, streams=None, priorities=None):
-    r = time_step(model, inputs, mode, graphed, streams=streams, priorities=priorities or PRIORITIES)
-    return r["ms"], r.get("peak_mb", float("nan"))
+    runs = [time_step(model, inputs, mode, graphed, streams=streams, priorities=priorities or PRIORITIES)
+            for _ in range(CAPTURES if graphed else 1)]
+    return statistics.median(r["ms"] for r in runs), runs[0].get("peak_mb", float("nan"))
 
 
 def other_priorities() -> str:
@@ -157,13 +163,13 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
 def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
-    key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"])  # noqa: E731
+    key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"], r.get("relu_in_head", ""))  # noqa: E731
     groups = {}
     for r in rows:
         if r["streams"] == "auto":
             groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
     for k, g in groups.items():
-        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3])
+        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4])
         for ex in ("graph", "eager"):
             f = lambda h, m: g.get((h, ex, m), float("nan"))  # noqa: E731
             s[f"{ex}_erase_fused_ms"] = f("fused", "erase")
@@ -218,9 +224,14 @@ def main():
                     help="Scheduler(priorities=...) of the erase ring (default: the library's); each config also "
                          "gets one graphed erase row with priorities off (or rising, when this is off)")
     ap.add_argument("--min-width", type=int, default=None, help="only MLP configs from this width")
+    ap.add_argument("--relu-in-head", default="off", choices=["off", "on", "both"],
+                    help="MLP blocks hand their last ReLU to the head (LocalHead(activation='relu')); both: each "
+                         "config both ways")
+    ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
     args = ap.parse_args()
-    global PRIORITIES
+    global PRIORITIES, CAPTURES
     PRIORITIES = args.priorities or Scheduler().priorities
+    CAPTURES = args.captures
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -231,12 +242,15 @@ def main():
         cfgs = MLP_CONFIGS[:2] if args.quick else MLP_CONFIGS
         cfgs = [c for c in cfgs if (args.max_width is None or c[0] <= args.max_width)
                 and (args.min_width is None or c[0] >= args.min_width)]
+        relu = {"off": (False,), "on": (True,), "both": (False, True)}[args.relu_in_head]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
-                cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                   group_tiles=args.group_tiles or "", priorities=PRIORITIES),
-                              lambda heads, w=w, b=b, dtype=dtype: mlp_case(w, b, dtype, heads, occ,
-                                                                             args.group_tiles)))
+                for r in relu:
+                    cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
+                                       group_tiles=args.group_tiles or "", priorities=PRIORITIES, relu_in_head=int(r),
+                                       captures=args.captures),
+                                  lambda heads, w=w, b=b, dtype=dtype, r=r: mlp_case(w, b, dtype, heads, occ,
+                                                                                     args.group_tiles, r)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
@@ -249,7 +263,7 @@ def main():
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
-    print_table(summ, ["model", "width", "batch", "dtype", "graph_erase_fused_ms", "graph_erase_vs_seq",
+    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
                        "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",

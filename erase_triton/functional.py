@@ -26,6 +26,7 @@ _REDUCTIONS = ("mean", "sum")
 _BACKENDS = ("auto", "triton", "torch")
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_TARGETS = (torch.int64, torch.int32)
+ACTIVATIONS = (None, "relu")
 
 
 @functools.lru_cache(maxsize=64)
@@ -35,6 +36,11 @@ def _config(occupancy) -> LaunchConfig:
 
 def _fail(msg: str):
     raise ValueError(msg)
+
+
+def check_activation(activation):
+    if activation not in ACTIVATIONS:
+        _fail(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 def check_args(h, weight, bias, target, loss, reduction):
@@ -114,12 +120,13 @@ _FAST: dict = {}
 _FAST_MAX = 1024
 
 
-def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index, config, accumulate):
+def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index, config, accumulate,
+               activation):
     key = (h.shape, h.stride(), h.dtype, h.get_device(), h.data_ptr() & 15,
            weight.shape, weight.stride(), weight.dtype, weight.get_device(), weight.data_ptr() & 15,
            target.shape, target.stride(), target.dtype, target.get_device(), target.data_ptr() & 15,
            grad_weight.stride(), grad_weight.dtype, grad_weight.get_device(), grad_weight.data_ptr() & 15,
-           loss, reduction, ignore_index, id(config), accumulate,
+           loss, reduction, ignore_index, id(config), accumulate, activation,
            torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32(), torch._C._get_deterministic_algorithms())
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() & 15,
@@ -128,18 +135,20 @@ def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction,
 
 
 def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, backend, config,
-                    grad_weight, grad_bias, accumulate):
+                    grad_weight, grad_bias, accumulate, activation=None):
     """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h)."""
     key = None
     if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
         key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,
-                         config, accumulate)
+                         config, accumulate, activation)
         hit = _FAST.get(key)
         if hit is not None:  # same signature as a checked, prepared call
             return hit[0](h, weight, bias, target, grad_weight, grad_bias)
+    check_activation(activation)
     N, D, C = check_args(h, weight, bias, target, loss, reduction)
     if N == 0 or not use_triton(h, backend):
-        r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index)
+        r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index,
+                                 activation=activation)
         if accumulate:
             grad_weight.add_(r.grad_weight)
             if grad_bias is not None:
@@ -163,7 +172,8 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     if grad_bias is not None and not grad_bias.is_contiguous():
         _fail(f"grad_bias must be a contiguous tensor, got strides {grad_bias.stride()}")
-    hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias, accumulate)
+    hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias, accumulate,
+                        relu=activation == "relu")
     # Only signatures whose tensors the kernel can read in place (no copy above) are
     # cached; the launch then takes the caller's tensors as they are.
     if key is not None and h2.data_ptr() == h.data_ptr() and y.data_ptr() == target.data_ptr() and w is weight \
@@ -176,7 +186,8 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
 
 
 def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
-                     ignore_index=-100, backend="auto", config: LaunchConfig | None = None) -> LocalHeadResult:
+                     ignore_index=-100, backend="auto", config: LaunchConfig | None = None,
+                     activation: str | None = None) -> LocalHeadResult:
     """Loss and every gradient of ``loss(h @ weight.T + bias, target)`` in one launch.
 
     h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None.
@@ -187,6 +198,9 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     Returns LocalHeadResult(loss fp32 0-dim, grad_h contiguous like h, grad_weight like
     weight, grad_bias like bias or None). `occupancy` is the fraction of SMs the
     persistent grid may fill (None: all); `config` sets tile sizes as well.
+    activation="relu": the head reads relu(h) and grad_h is the gradient at h (zero where
+    h <= 0), so a block whose last op is a ReLU can hand its pre-activation to the head and
+    skip the ReLU's own backward pass (one read of grad_h and h, one write, per block).
     """
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
@@ -195,5 +209,6 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else None
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
                                      ignore_index=ignore_index, backend=backend, config=cfg,
-                                     grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False)
+                                     grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False,
+                                     activation=activation)
     return LocalHeadResult(loss_t, grad_h, grad_weight, grad_bias)

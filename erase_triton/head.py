@@ -6,6 +6,11 @@ grad_weight/grad_bias into the parameters' ``.grad``, back-propagates grad_h int
 the block that produced ``h`` at once, and returns ``h.detach()`` for the next
 block. Under an active `Scheduler` the mode decides ("e2e" turns non-final heads
 into identities; "erase" moves the backward onto the segment's stream).
+
+``activation="relu"`` takes over the block's last ReLU: the block ends at the
+pre-activation x, the head returns relu(x) for the next block and computes its loss
+on relu(x), and the fused kernel writes the gradient at x directly (zero where
+x <= 0), so the ReLU's own backward pass never runs.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from erase_triton.kernels.launch import LaunchConfig
 
 from . import scheduler as _sched
 
-from .functional import check_args, local_head_into, use_triton
+from .functional import check_activation, check_args, local_head_into, use_triton
 from .reference import head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY"]
@@ -40,13 +45,18 @@ class LocalHead(nn.Module):
     occupancy: fraction of SMs for the fused kernel's persistent grid. "auto" (default):
     DEFAULT_OCCUPANCY (1/8, the sweep's best) when the head runs beside the next segment
     (erase mode on CUDA streams), the whole device otherwise. None: always the whole device.
+    activation: None, or "relu": the head applies the block's last ReLU itself (it receives
+    the pre-activation, returns its ReLU) and the fused kernel back-propagates through it,
+    saving the ReLU's backward pass; backend="torch" runs a plain F.relu under autograd.
     """
 
     def __init__(self, in_features: int, out_features: int = 1, loss: str = "bce", *, bias: bool = True,
                  occupancy: float | str | None = "auto", final: bool = False, reduction: str = "mean",
                  ignore_index: int = -100, backend: str = "auto", config: LaunchConfig | None = None,
-                 device=None, dtype=None):
+                 activation: str | None = None, device=None, dtype=None):
         super().__init__()
+        check_activation(activation)
+        self.activation = activation
         if loss not in ("bce", "ce", "mse"):
             raise ValueError(f"loss must be 'bce', 'ce' or 'mse', got {loss!r}")
         if loss == "ce" and out_features < 2:
@@ -76,26 +86,42 @@ class LocalHead(nn.Module):
     def extra_repr(self) -> str:
         occ = "auto" if self.auto_occupancy else self.config.occupancy
         return (f"in_features={self.in_features}, out_features={self.out_features}, loss={self.loss!r}, "
-                f"bias={self.bias is not None}, final={self.final}, occupancy={occ}")
+                f"bias={self.bias is not None}, final={self.final}, occupancy={occ}"
+                + (f", activation={self.activation!r}" if self.activation else ""))
+
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        """The head's activation as a plain autograd op (identity without one)."""
+        return F.relu(h) if self.activation == "relu" else h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Plain forward of the head (for evaluation and prediction)."""
+        """Plain forward of the head (for evaluation and prediction); h is the activated input."""
         return F.linear(h, self.weight, self.bias)
 
     def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
-            return h
+            return self.act(h)
         sched = _sched.current()
         mode = sched.mode if sched is not None else "sequential"
         if mode == "e2e" and not self.final:
-            return h
+            return self.act(h)
+        a = None
+        if self.activation is not None:
+            if use_triton(h, self.backend):
+                # relu(x) for the next block, queued before the detach point's event; the
+                # head's kernel back-propagates through it (apply_loss)
+                a = torch.relu(h.detach())
+            else:
+                h = self.act(h)
         if sched is not None:
-            return sched.detach_point(self, h, target)
-        return self.apply_loss(h, target)
+            return sched.detach_point(self, h, target, a)
+        return self.apply_loss(h, target, act=a)
 
-    def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False) -> torch.Tensor:
+    def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False,
+                   act: torch.Tensor | None = None) -> torch.Tensor:
         """Fused loss + grads on the current stream; backward into h's producer; returns h.detach().
-        beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the grid)."""
+        beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the grid).
+        act: relu(h), computed by forward for a fused head with activation="relu": the loss
+        reads it, the gradient goes to h through the ReLU, and act is returned."""
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
@@ -122,11 +148,12 @@ class LocalHead(nn.Module):
             else:
                 gb.zero_()
             acc_w = acc_b = True
-        hd = h.detach()
+        hd = h.detach() if act is None else act
         loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
                                        loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
                                        backend=self.backend, config=self._beside_config if beside else self.config,
-                                       grad_weight=gw, grad_bias=gb, accumulate=acc_w)
+                                       grad_weight=gw, grad_bias=gb, accumulate=acc_w,
+                                       activation=None if act is None else "relu")
         if w.grad is None and w.requires_grad:  # a frozen head keeps .grad None
             w.grad = gw
         if b is not None and b.grad is None and b.requires_grad:

@@ -30,15 +30,16 @@ def head_loss(logits: torch.Tensor, target: torch.Tensor, loss: str, reduction: 
 
 
 def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
-               ignore_index=-100, backend="torch") -> LocalHeadResult:
-    """Linear head + loss + autograd, computed at the inputs' precision."""
+               ignore_index=-100, backend="torch", activation=None) -> LocalHeadResult:
+    """Linear head + loss + autograd, computed at the inputs' precision.
+    activation="relu": the head reads relu(h), and grad_h is the gradient at h."""
     del occupancy, backend  # accepted for signature parity with fused_local_head
     D = h.shape[-1]
     C = weight.shape[0]
     hh = h.detach().reshape(-1, D).requires_grad_(True)
     w = weight.detach().requires_grad_(True)
     b = bias.detach().requires_grad_(True) if bias is not None else None
-    z = F.linear(hh, w, b)
+    z = F.linear(F.relu(hh) if activation == "relu" else hh, w, b)
     y = target.reshape(-1) if loss == "ce" else target.reshape(-1, C)
     out = head_loss(z, y, loss, reduction, ignore_index)
     leaves = [hh, w] + ([b] if b is not None else [])

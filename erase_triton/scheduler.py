@@ -124,12 +124,12 @@ def _leaves_of(t: torch.Tensor) -> frozenset:
     return frozenset(out)
 
 
-def _labelled(head, h, target, seg: int, beside: bool = False):
+def _labelled(head, h, target, seg: int, beside: bool = False, act=None):
     """head.apply_loss, inside a profiler range when a profiler runs (for trace timelines)."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(f"erase::backward {seg}"):
-            return head.apply_loss(h, target, beside)
-    return head.apply_loss(h, target, beside)
+            return head.apply_loss(h, target, beside, act=act)
+    return head.apply_loss(h, target, beside, act=act)
 
 
 class Scheduler:
@@ -297,13 +297,14 @@ class Scheduler:
         ev = self._events.get(("end", 0))
         return ev is None or ev.query()
 
-    def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
+    def detach_point(self, head, h: torch.Tensor, target: torch.Tensor, act=None) -> torch.Tensor:
+        """Called by LocalHead.forward inside step(): backward now, next segment elsewhere.
+        act: the head's activation of h, already queued (what the next segment reads)."""
         seg = self._seg
         if self.mode != "erase" or self._seq_step:
             self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
             self._seg += 1
-            return _labelled(head, h, target, seg)
+            return _labelled(head, h, target, seg, act=act)
         plan = self._plan
         key = (id(head), seg)
         leaves = self._leaf_cache.get(key)
@@ -322,13 +323,13 @@ class Scheduler:
         self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
         self._seg, self._k = nxt, nk
         if not streams:
-            return _labelled(head, h, target, seg)
+            return _labelled(head, h, target, seg, act=act)
         cur = self._streams[k]
         for j in after:
             cur.wait_event(self._bwd_events[j])
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
-        out = _labelled(head, h, target, seg, beside=not head.final)
+        out = _labelled(head, h, target, seg, beside=not head.final, act=act)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.

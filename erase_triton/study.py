@@ -119,10 +119,12 @@ def transformer_workload(width: int, batch: int, seq: int, *, occupancy="auto", 
 
 
 def mlp_workload(width: int, batch: int, dtype=torch.bfloat16, *, occupancy="auto", backend="auto", device="cuda",
-                 seed=0):
-    """The six-block MLP proxy (BCE heads) and one batch of random inputs and 0/1 targets."""
+                 seed=0, relu_in_head=False):
+    """The six-block MLP proxy (BCE heads) and one batch of random inputs and 0/1 targets.
+    relu_in_head: each block's last ReLU is applied by its head (MLPChain(relu_in_head=True))."""
     torch.manual_seed(seed)
-    model = MLPChain(width, backend=backend, occupancy=occupancy, device=device, dtype=dtype)
+    model = MLPChain(width, backend=backend, occupancy=occupancy, device=device, dtype=dtype,
+                     relu_in_head=relu_in_head)
     x = torch.randn(batch, width, device=device, dtype=dtype)
     y = torch.rand(batch, device=device).round().to(dtype)
     return model, (x, y)
@@ -164,15 +166,16 @@ def _step_runner(sched, step_fn, inputs, graphed: bool):
 class FreeHead(LocalHead):
     """The bound on what any head implementation can buy: a head that costs nothing. It
     back-propagates a constant gradient into its block (no logits, no loss, no head grads),
-    so a step with FreeHeads is the step's time with the heads' work removed."""
+    so a step with FreeHeads is the step's time with the heads' work removed. With
+    activation="relu" its constant gradient goes to the ReLU's input, as the fused head's does."""
 
-    def apply_loss(self, h, target, beside=False):
+    def apply_loss(self, h, target, beside=False, act=None):
         g = getattr(self, "_free_grad", None)
         if g is None or g.shape != h.shape or g.dtype != h.dtype:
             g = self._free_grad = torch.full_like(h, 1e-4)
         if h.requires_grad:
             torch.autograd.backward(h, g)
-        return h.detach()
+        return h.detach() if act is None else act
 
 
 def free_heads(model):

@@ -183,6 +183,22 @@ def _sum_group_rows(part_ptr, stride_g, n_groups, n_b, C, D, gw_ptr, gb_ptr, los
 
 
 # ----------------------------------------------------------------------- dense kernel
+@triton.jit
+def _relu_in(b_h, RELU: tl.constexpr):
+    # the head's input is relu(h) when RELU (a no-op on an input that is already a ReLU's output)
+    if RELU:
+        return tl.maximum(b_h, 0.0).to(b_h.dtype)
+    return b_h
+
+
+@triton.jit
+def _relu_out(b_g, b_h, RELU: tl.constexpr):
+    # gradient at the ReLU's input: zero where relu(h) == 0 (h <= 0, torch's threshold_backward)
+    if RELU:
+        return tl.where(b_h > 0, b_g, 0.0)
+    return b_g
+
+
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
 def _dense_head_kernel(
     h_ptr,        # [N, D] input rows (unit stride along D), fp32/bf16/fp16
@@ -202,7 +218,11 @@ def _dense_head_kernel(
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, STRIDED: tl.constexpr,
     ACC_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
+    RELU: tl.constexpr,
 ):
+    # RELU: the head reads relu(h) (every h load goes through _relu_in) and grad_h is the
+    # gradient at the ReLU's input (masked where h <= 0), so the block's own ReLU backward
+    # is not needed.
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
@@ -246,7 +266,7 @@ def _dense_head_kernel(
             # pass 1: logits z [BLOCK_N, BLOCK_C]
             if SINGLE_CHUNK:
                 m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
-                b_h1 = tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0)
+                b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
                 if BLOCK_C == 1:
                     b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                 else:
@@ -256,7 +276,8 @@ def _dense_head_kernel(
                 for d0 in range(0, D, BLOCK_D):
                     o_d = d0 + tl.arange(0, BLOCK_D)
                     m_d = o_d < D
-                    b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                    b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
+                                           other=0.0), RELU)
                     b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
                     if BLOCK_C == 1:
                         b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
@@ -296,14 +317,16 @@ def _dense_head_kernel(
                 else:
                     b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
                     b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
-                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_h1)
+                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
+                         mask=m_h1)
             else:
                 first = t == t_lo
                 for d0 in range(0, D, BLOCK_D):
                     o_d = d0 + tl.arange(0, BLOCK_D)
                     m_d = o_d < D
                     m_cd = m_c[:, None] & m_d[None, :]
-                    b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+                    b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
+                                           other=0.0), RELU)
                     b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
                     if BLOCK_C == 1:
                         b_gh = b_dz * b_w.to(tl.float32)
@@ -311,7 +334,7 @@ def _dense_head_kernel(
                     else:
                         b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
                         b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
-                    tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
+                    tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
                              mask=m_n[:, None] & m_d[None, :])
                     p_part = p_row + o_c[:, None] * D + o_d[None, :]
                     if not first:
@@ -360,13 +383,14 @@ def _dense_head_kernel(
 @triton.jit
 def _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+                 DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, RELU: tl.constexpr):
     # z = h[o_n] W[o_v]^T + b[o_v], fp32 [BLOCK_N, BLOCK_V], accumulated over K chunks of D
     b_z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < D
-        b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+        b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                               other=0.0), RELU)
         b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
         b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
     if HAS_BIAS:
@@ -393,7 +417,7 @@ def _vocab_ce_kernel(
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    N_CTR: tl.constexpr,
+    N_CTR: tl.constexpr, RELU: tl.constexpr,
 ):
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
@@ -425,7 +449,7 @@ def _vocab_ce_kernel(
             o_v = v0 + tl.arange(0, BLOCK_V)
             m_v = o_v < C
             b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
-                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
+                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
             b_z = tl.where(m_v[None, :], b_z, float("-inf"))
             b_zt += tl.sum(tl.where(o_v[None, :] == b_t[:, None], b_z, 0.0), axis=1)
             b_mnew = tl.maximum(b_m, tl.max(b_z, axis=1))
@@ -438,6 +462,9 @@ def _vocab_ce_kernel(
         b_lse = b_m + tl.log(b_s)
         b_wt = tl.load(w_ptr + b_t.to(tl.int64)[:, None] * D + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :], other=0.0)
         b_gh = tl.where(m_row, scale, 0.0)[:, None] * (b_acc / b_s[:, None] - b_wt.to(tl.float32))
+        if RELU:
+            b_gh = _relu_out(b_gh, tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :],
+                                           mask=m_n[:, None] & m_dc[None, :], other=0.0), RELU)
         tl.store(gh_ptr + o_n[:, None] * D + o_dc[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_n[:, None] & m_dc[None, :])
         if dc == 0:
             tl.store(lse_ptr + o_n, b_lse, mask=m_n)
@@ -471,10 +498,11 @@ def _vocab_ce_kernel(
             m_row = m_n & (b_t != ignore_index)
             b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
             b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
-                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION)
+                               HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
             b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
             b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * scale, 0.0)
-            b_hd = tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :], other=0.0)
+            b_hd = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :],
+                                    other=0.0), RELU)
             b_acc += _dot(tl.trans(b_dz).to(b_hd.dtype), b_hd, DOT_FP32, PRECISION)
             b_gb += tl.sum(b_dz, axis=0)
         o_w = o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
@@ -520,7 +548,7 @@ def _small_ce_kernel(
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
     BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    N_CTR: tl.constexpr, PHASES: tl.constexpr,
+    N_CTR: tl.constexpr, PHASES: tl.constexpr, RELU: tl.constexpr,
 ):
     # C <= 512: a row tile's logits fit in registers, so the softmax is exact in one pass (no
     # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
@@ -552,7 +580,8 @@ def _small_ce_kernel(
         for k0 in tl.range(0, D, BLOCK_K, num_stages=NUM_STAGES):
             o_k = k0 + tl.arange(0, BLOCK_K)
             m_k = o_k < D
-            b_h = tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+            b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                                   other=0.0), RELU)
             b_w = tl.load(w_ptr + o_c[:, None] * D + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)
             b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
         if HAS_BIAS:
@@ -577,6 +606,9 @@ def _small_ce_kernel(
             m_d = o_d < D
             b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
             b_gh = _dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
+            if RELU:
+                b_gh = _relu_out(b_gh, tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :],
+                                               mask=m_n[:, None] & m_d[None, :], other=0.0), RELU)
             tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], b_gh.to(gh_ptr.dtype.element_ty),
                      mask=m_n[:, None] & m_d[None, :])
         _item_done(ctr_ptr + 3)
@@ -608,7 +640,8 @@ def _small_ce_kernel(
                 m_r = o_r < N
                 b_dz = tl.load(dz_ptr + o_r[:, None] * BLOCK_C + o_v[None, :], mask=m_r[:, None], other=0.0,
                                cache_modifier=".cg")
-                b_hd = tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
+                b_hd = _relu_in(tl.load(h_ptr + o_r[:, None] * stride_h + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                                        other=0.0), RELU)
                 b_acc += _dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
                 if HAS_BIAS:  # elementwise: a sum over rows here is a cross-warp reduction an iteration
                     b_gb += b_dz.to(tl.float32)
@@ -802,8 +835,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
-          deterministic: bool = True) -> _Plan:
-    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
+          deterministic: bool = True, relu: bool = False) -> _Plan:
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic, relu)
     p = _PLANS.get(key)
     if p is not None:
         return p
@@ -815,7 +848,8 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     else:
         blk = _vocab_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
-    cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR, **blk)
+    cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
+              RELU=relu, **blk)
     if kind == "dense":
         cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
         kernel = _dense_head_kernel
@@ -897,8 +931,9 @@ def _direct_launcher(hl: HeadLaunch, compiled) -> None:
 
 
 def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
-                   grad_weight: torch.Tensor, grad_bias, accumulate: bool) -> HeadLaunch:
-    """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int)."""
+                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False) -> HeadLaunch:
+    """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
+    relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -913,7 +948,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if not dot_fp32 and h2.dtype == torch.float32:
         precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
-    plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic)
+    plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
+                 relu)
     cx = plan.constexprs
     if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"]:
         # a static tile split needs no claims only where no grid barrier waits on other programs

@@ -78,7 +78,7 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
     check_at_scale(loss, N, D, C, dtype)
 
 
-def check_at_scale(loss, N, D, C, dtype, occupancy=None):
+def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
     g = torch.Generator(device=dev).manual_seed(0)
     h = torch.randn(N, D, device=dev, generator=g).to(dtype)
     w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(dtype)
@@ -88,19 +88,34 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None):
         y[3::7] = -100
     else:
         y = torch.rand(N, C, device=dev, generator=g).round()
-    same = reference.local_head(h, w, b, y, loss=loss)
-    ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss)
+    same = reference.local_head(h, w, b, y, loss=loss, activation=activation)
+    ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss,
+                               activation=activation)
     det = et.LaunchConfig(occupancy=occupancy, deterministic=True)
     # default (float atomics where they apply), and deterministic
     for cfg in (et.LaunchConfig(occupancy=occupancy), det):
-        out = fused_local_head(h, w, b, y, loss=loss, config=cfg)
+        out = fused_local_head(h, w, b, y, loss=loss, config=cfg, activation=activation)
+        if activation == "relu":
+            assert (out.grad_h[h <= 0] == 0).all(), "grad_h not zero where h <= 0"
         for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
             eo, es = rel_err(o, r), rel_err(s, r)
             bound = 2 * es + (1e-5 if dtype == torch.float32 else 1e-2)
             assert eo <= bound, f"{name}: rel err {eo:.3g} vs torch {es:.3g}"
-    again = fused_local_head(h, w, b, y, loss=loss, config=det)
+    again = fused_local_head(h, w, b, y, loss=loss, config=det, activation=activation)
     for o, a in zip(out, again):
         assert torch.equal(o, a), "not bitwise deterministic"
+
+
+@pytest.mark.parametrize("loss,N,D,C,dtype,occupancy", [
+    ("bce", 4096, 512, 1, torch.float32, 0.125),   # the MLP proxy's side head (8-row tiles, atomics)
+    ("bce", 65536, 1024, 1, torch.bfloat16, None),
+    ("mse", 100003, 200, 17, torch.float16, None),  # D chunks
+    ("ce", 1 << 16, 64, 5, torch.bfloat16, None),
+    ("ce", 8192, 512, 256, torch.bfloat16, 0.125),  # small-vocabulary kernel
+    ("ce", 4096, 512, 32000, torch.bfloat16, None),  # vocabulary kernel
+])
+def test_relu_activation_at_scale(loss, N, D, C, dtype, occupancy):
+    check_at_scale(loss, N, D, C, dtype, occupancy, activation="relu")
 
 
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [
@@ -151,14 +166,16 @@ def test_one_launch_per_call():
     assert len(kernels) == 1, [e.name for e in kernels]
 
 
-def mlp_chain(width=512, n=6):
+def mlp_chain(width=512, n=6, relu_in_head=False):
     class Chain(nn.Module):
         def __init__(self):
             super().__init__()
+            last = [] if relu_in_head else [nn.ReLU()]
             self.blocks = nn.ModuleList(
-                nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+                nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), *last)
                 for _ in range(n))
-            self.heads = nn.ModuleList(LocalHead(width, 1, "bce", final=(i == n - 1)) for i in range(n))
+            self.heads = nn.ModuleList(LocalHead(width, 1, "bce", final=(i == n - 1),
+                                                 activation="relu" if relu_in_head else None) for i in range(n))
 
         def forward(self, x, y):
             h = x
@@ -291,11 +308,12 @@ def test_step_has_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("mode,priorities", [("erase", False), ("erase", "rising"), ("erase", True), ("sequential", False),
-                                             ("e2e", False)])
-def test_capture_replay_equals_eager(mode, priorities):
+@pytest.mark.parametrize("mode,priorities,relu", [("erase", False, False), ("erase", "rising", False),
+                                                  ("erase", True, False), ("sequential", False, False),
+                                                  ("e2e", False, False), ("erase", True, True), ("e2e", False, True)])
+def test_capture_replay_equals_eager(mode, priorities, relu):
     torch.manual_seed(0)
-    m_eager = mlp_chain(256)
+    m_eager = mlp_chain(256, relu_in_head=relu)
     m_graph = copy.deepcopy(m_eager)
     xs = [torch.randn(1024, 256, device=dev) for _ in range(6)]
     ys = [torch.rand(1024, device=dev).round() for _ in range(6)]
@@ -354,6 +372,30 @@ def test_capture_records_no_workspace_fills():
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert sum("_dense_head_kernel" in n for n in names) == 6, names
     assert not [n for n in names if "Fill" in n], [n for n in names if "Fill" in n]
+
+
+@pytest.mark.parametrize("relu_in_head,relu_backwards", [(False, 12), (True, 6)])
+def test_relu_in_head_skips_the_relu_backward(relu_in_head, relu_backwards):
+    # blocks of Linear-ReLU-Linear(-ReLU): with the last ReLU in the head, each block's backward
+    # runs one ReLU backward kernel (threshold_backward), not two; the step's results equal
+    # the same model with the ReLU in the block
+    torch.manual_seed(0)
+    model = mlp_chain(256, relu_in_head=relu_in_head)
+    x, y = torch.randn(1024, 256, device=dev), torch.rand(1024, device=dev).round()
+    step_grads(model, "erase", x, y)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step_grads(model, "erase", x, y)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("threshold" in n for n in names) == relu_backwards, [n for n in names if "threshold" in n]
+    if relu_in_head:
+        torch.manual_seed(0)
+        other = mlp_chain(256)
+        want = step_grads(other, "erase", x, y)
+        got = step_grads(model, "erase", x, y)
+        for k in want:  # same parameters, same order (the ReLU module holds none)
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_overlap_in_profiler_trace():

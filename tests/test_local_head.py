@@ -41,13 +41,14 @@ def assert_three_way(out, same, ref, dtype, what):
     assert err <= 2 * base + atol, f"{what}: |kernel-ref|={err:.3g} > 2*|torch-ref|={2 * base:.3g} + {atol:.3g}"
 
 
-def check(loss, N, D, C, dtype, bias, occupancy, device, reduction="mean", config=None):
+def check(loss, N, D, C, dtype, bias, occupancy, device, reduction="mean", config=None, activation=None):
     h, w, b, y = make(loss, N, D, C, dtype, bias, device)
     out = fused_local_head(h, w, b, y, loss=loss, reduction=reduction, occupancy=occupancy,
-                           backend="triton", config=config)
-    same = reference.local_head(h, w, b, y, loss=loss, reduction=reduction)
+                           backend="triton", config=config, activation=activation)
+    same = reference.local_head(h, w, b, y, loss=loss, reduction=reduction, activation=activation)
     f64 = lambda t: t.double() if t is not None else None  # noqa: E731
-    ref = reference.local_head(f64(h), f64(w), f64(b), y if loss == "ce" else f64(y), loss=loss, reduction=reduction)
+    ref = reference.local_head(f64(h), f64(w), f64(b), y if loss == "ce" else f64(y), loss=loss, reduction=reduction,
+                               activation=activation)
     assert out.loss.dtype == torch.float32 and out.loss.dim() == 0
     assert_three_way(out.loss, same.loss, ref.loss, dtype, "loss")
     assert_three_way(out.grad_h, same.grad_h, ref.grad_h, dtype, "grad_h")
@@ -56,6 +57,9 @@ def check(loss, N, D, C, dtype, bias, occupancy, device, reduction="mean", confi
         assert_three_way(out.grad_bias, same.grad_bias, ref.grad_bias, dtype, "grad_bias")
     else:
         assert out.grad_bias is None
+    if activation == "relu":  # the ReLU's backward: exactly zero where h <= 0
+        assert (out.grad_h.cpu()[h.cpu() <= 0] == 0).all(), "grad_h is not zero where h <= 0"
+    return out
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +91,30 @@ def test_matches_reference(loss, N, D, C, dtype, bias, occupancy, det, device):
 @pytest.mark.parametrize("loss", ["bce", "ce", "mse"])
 def test_sum_reduction(loss, device):
     check(loss, 63, 50, 17, torch.float32, True, None, device, reduction="sum")
+
+
+# activation="relu" in every kernel: the dense kernel with one weight tile (atomic and
+# fixed-order) and with D chunks, the dense CE path, the small and the vocabulary CE kernels.
+RELU = [("bce", 781, 130, 1, "fp32", True, None, False), ("bce", 63, 130, 1, "bf16", False, 1 / 32, True),
+        ("mse", 63, 50, 17, "fp16", True, 0.5, True), ("ce", 63, 50, 17, "fp32", True, None, True),
+        ("ce", 300, 40, 130, "bf16", True, 0.5, True), ("ce", 300, 40, 130, "fp32", False, None, True),
+        ("ce", 63, 50, 1000, "fp32", True, None, True), ("ce", 63, 50, 1000, "bf16", False, 1 / 32, True)]
+
+
+@pytest.mark.parametrize("loss,N,D,C,dt,bias,occupancy,det", RELU,
+                         ids=[f"{c[0]}-N{c[1]}-D{c[2]}-C{c[3]}-{c[4]}" for c in RELU])
+def test_relu_activation_matches_reference(loss, N, D, C, dt, bias, occupancy, det, device):
+    klh._PLANS.clear()
+    check(loss, N, D, C, DTYPES[dt], bias, None, device,
+          config=LaunchConfig(occupancy=occupancy, deterministic=det), activation="relu")
+    kinds = {p.kind for p in klh._PLANS.values()}
+    assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else "vocab"}
+
+
+def test_relu_chunked_dense_head(device):
+    # a weight wider than one tile: the dense kernel's D-chunk loops (both h loads, both stores)
+    check("mse", 63, 130, 17, torch.float32, True, None, device, config=LaunchConfig(block_d=32),
+          activation="relu")
 
 
 def test_ce_vocab_large_rows(device):
@@ -341,19 +369,20 @@ def _good(device):
     (lambda a: {**a, "loss": "hinge"}, "loss must be one of"),
     (lambda a: {**a, "reduction": "none"}, "reduction must be one of"),
     (lambda a: {**a, "backend": "cuda"}, "backend must be one of"),
+    (lambda a: {**a, "activation": "gelu"}, "activation must be one of"),
     (lambda a: {**a, "weight": torch.zeros(65, 4), "bias": None, "target": torch.zeros(8, 65)},
      r"supports 1 <= C <= 64"),
     (lambda a: {**a, "weight": a["weight"].double()}, "weight must be float32, bfloat16 or float16"),
     (lambda a: {**a, "weight": torch.zeros(1, 4), "bias": None, "loss": "ce", "target": torch.zeros(8, dtype=torch.long)},
      "C >= 2"),
 ], ids=["h-int", "h-D", "w-1d", "bias-shape", "tgt-shape", "tgt-int", "ce-float-tgt", "ce-tgt-shape",
-        "loss", "reduction", "backend", "bce-C", "w-fp64", "ce-C1"])
+        "loss", "reduction", "backend", "activation", "bce-C", "w-fp64", "ce-C1"])
 def test_bad_input(mutate, match, device):
     h, w, b, y = _good(device)
-    a = mutate(dict(h=h, weight=w, bias=b, target=y, loss="bce", reduction="mean", backend="triton"))
+    a = mutate(dict(h=h, weight=w, bias=b, target=y, loss="bce", reduction="mean", backend="triton", activation=None))
     with pytest.raises(ValueError, match=match):
         fused_local_head(a["h"], a["weight"], a["bias"], a["target"], loss=a["loss"],
-                         reduction=a["reduction"], backend=a["backend"])
+                         reduction=a["reduction"], backend=a["backend"], activation=a["activation"])
 
 
 def test_batch_size_changes_do_not_replan(device):

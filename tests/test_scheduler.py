@@ -12,14 +12,16 @@ from erase_triton.scheduler import RingPlan
 
 
 class Chain(nn.Module):
-    """n blocks of Linear+ReLU, a LocalHead after each; the last head is final."""
+    """n blocks of Linear+ReLU+Linear, a LocalHead after each; the last head is final.
+    activation="relu": the heads apply a ReLU to their block's output (LocalHead(activation=))."""
 
-    def __init__(self, d=24, n=4, c=3, loss="bce", share=False):
+    def __init__(self, d=24, n=4, c=3, loss="bce", share=False, activation=None, backend="auto"):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)) for _ in range(n))
         if share:  # block 2 reuses block 0's first layer: a parameter reached from two segments
             self.blocks[2][0] = self.blocks[0][0]
-        self.heads = nn.ModuleList(LocalHead(d, c, loss, final=(i == n - 1)) for i in range(n))
+        self.heads = nn.ModuleList(LocalHead(d, c, loss, final=(i == n - 1), activation=activation, backend=backend)
+                                   for i in range(n))
 
     def forward(self, x, y):
         h = x
@@ -44,6 +46,8 @@ def detached_reference(model, x, y):
     h = x
     for blk, head in zip(model.blocks, model.heads):
         out = blk(h)
+        if head.activation == "relu":
+            out = F.relu(out)
         head_loss(F.linear(out, head.weight, head.bias), y, head.loss, "mean", -100).backward()
         h = out.detach()
     return grads(model)
@@ -51,8 +55,10 @@ def detached_reference(model, x, y):
 
 def e2e_reference(model, x, y):
     h = x
-    for blk in model.blocks:
+    for blk, head in zip(model.blocks, model.heads):
         h = blk(h)
+        if head.activation == "relu":
+            h = F.relu(h)
     head = model.heads[-1]
     head_loss(F.linear(h, head.weight, head.bias), y, head.loss, "mean", -100).backward()
     return grads(model)
@@ -72,10 +78,11 @@ def run(model, mode, x, y):
     return grads(model), sched
 
 
-@pytest.mark.parametrize("loss", ["bce", "ce", "mse"])
-def test_sequential_and_erase_equal_detached_reference(loss):
+@pytest.mark.parametrize("loss,activation", [("bce", None), ("ce", None), ("mse", None), ("bce", "relu"),
+                                             ("ce", "relu")])
+def test_sequential_and_erase_equal_detached_reference(loss, activation):
     torch.manual_seed(0)
-    model = Chain(loss=loss)
+    model = Chain(loss=loss, activation=activation)
     x, y = data(loss)
     model.zero_grad(set_to_none=True)
     ref = detached_reference(copy.deepcopy(model), x, y)
@@ -85,16 +92,37 @@ def test_sequential_and_erase_equal_detached_reference(loss):
     assert_same_grads(era, seq)
 
 
-@pytest.mark.parametrize("loss", ["bce", "ce"])
-def test_e2e_equals_ordinary_autograd(loss):
+@pytest.mark.parametrize("loss,activation", [("bce", None), ("ce", None), ("bce", "relu")])
+def test_e2e_equals_ordinary_autograd(loss, activation):
     torch.manual_seed(1)
-    model = Chain(loss=loss)
+    model = Chain(loss=loss, activation=activation)
     x, y = data(loss)
     ref = e2e_reference(copy.deepcopy(model), x, y)
     got, _ = run(model, "e2e", x, y)
     # non-final heads are identities in e2e: they get no gradient at all
     assert_same_grads(got, ref)
     assert all(h.weight.grad is None for h in model.heads[:-1])
+
+
+def test_relu_head_fused_and_torch_agree_and_return_relu():
+    # the fused head (kernel masks grad at the ReLU's input) against backend="torch" (F.relu
+    # under autograd): same gradients, same outputs, and the output really is relu(block(x))
+    torch.manual_seed(3)
+    fused = Chain(activation="relu")
+    plain = copy.deepcopy(fused)
+    for hd in plain.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    for mode in ("sequential", "erase"):
+        got, _ = run(fused, mode, x, y)
+        want, _ = run(plain, mode, x, y)
+        assert_same_grads(got, want)
+    with Scheduler("sequential").step():
+        out = fused.heads[0](fused.blocks[0](x), y)
+    torch.testing.assert_close(out, F.relu(fused.blocks[0](x)).detach())
+    assert not out.requires_grad and (out >= 0).all()
+    fused.eval()
+    torch.testing.assert_close(fused.heads[0](fused.blocks[0](x), y), F.relu(fused.blocks[0](x)))
 
 
 def test_no_scheduler_is_sequential():
@@ -258,6 +286,8 @@ def test_head_occupancy_auto_and_validation():
         LocalHead(8, 1, occupancy=1.5)
     with pytest.raises(ValueError, match="out_features must be >= 2"):
         LocalHead(8, 1, "ce")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        LocalHead(8, 1, activation="gelu")
 
 
 def test_frozen_head_still_backpropagates():
@@ -450,3 +480,36 @@ def test_free_heads_bound_and_summary():
     s, = bs.summarize(rows)
     assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
     assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
+
+
+def test_mlp_relu_in_head_same_function_and_free_bound():
+    # MLPChain(relu_in_head=True) computes what MLPChain computes (the block's last ReLU now
+    # in the head), trains to the same gradients, and its FreeHead sends the constant gradient
+    # to the ReLU's input, as the fused head does
+    from erase_triton.models import MLPChain
+    from erase_triton.study import free_heads
+    torch.manual_seed(0)
+    plain = MLPChain(16, blocks=3)
+    torch.manual_seed(0)
+    fused = MLPChain(16, blocks=3, relu_in_head=True)
+    assert len(fused.blocks[0]) == len(plain.blocks[0]) - 1
+    x, y = torch.randn(8, 16), torch.rand(8).round()
+    torch.testing.assert_close(fused.predict(x), plain.predict(x))
+    for mode in ("sequential", "erase", "e2e"):
+        assert_same_grads(run(fused, mode, x, y)[0], run(plain, mode, x, y)[0])
+    free_heads(fused)
+    fused.zero_grad(set_to_none=True)
+    with Scheduler("erase").step():
+        out = fused(x, y)
+    h = x
+    for blk in plain.blocks[:-1]:
+        h = blk(h).detach()
+    torch.testing.assert_close(out, plain.blocks[-1](h).detach())  # relu(pre-activation): the block's output
+    plain.zero_grad(set_to_none=True)
+    h = x
+    for blk in plain.blocks:
+        pre = blk[:-1](h)
+        pre.backward(torch.full_like(pre, 1e-4))  # the constant skips the ReLU
+        h = blk[-1](pre).detach()
+    for (k, p), q in zip(fused.blocks.named_parameters(), plain.blocks.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)

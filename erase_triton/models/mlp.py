@@ -9,15 +9,23 @@ from ..head import LocalHead
 
 
 class MLPChain(nn.Module):
+    """relu_in_head=True: each block's last ReLU moves into its LocalHead
+    (activation="relu"): the same function, and the fused head back-propagates through
+    the ReLU itself."""
+
     def __init__(self, width: int, blocks: int = 6, layers: int = 2, out_features: int = 1, loss: str = "bce",
-                 backend: str = "auto", occupancy: float | str | None = "auto", device=None, dtype=None):
+                 backend: str = "auto", occupancy: float | str | None = "auto", device=None, dtype=None,
+                 relu_in_head: bool = False):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width, **kw), nn.ReLU())])
-            for _ in range(blocks))
+
+        def block():
+            mods = [m for _ in range(layers) for m in (nn.Linear(width, width, **kw), nn.ReLU())]
+            return nn.Sequential(*(mods[:-1] if relu_in_head else mods))
+        self.blocks = nn.ModuleList(block() for _ in range(blocks))
         self.heads = nn.ModuleList(
-            LocalHead(width, out_features, loss, final=(i == blocks - 1), backend=backend, occupancy=occupancy, **kw)
+            LocalHead(width, out_features, loss, final=(i == blocks - 1), backend=backend, occupancy=occupancy,
+                      activation="relu" if relu_in_head else None, **kw)
             for i in range(blocks))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -29,6 +37,6 @@ class MLPChain(nn.Module):
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         h = x
-        for block in self.blocks:
-            h = block(h)
+        for block, head in zip(self.blocks, self.heads):
+            h = head.act(block(h))
         return self.heads[-1].logits(h)
