@@ -836,7 +836,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
           deterministic: bool = True, relu: bool = False) -> _Plan:
-    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic, relu)
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, relu, deterministic)
     p = _PLANS.get(key)
     if p is not None:
         return p
