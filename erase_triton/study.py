@@ -401,7 +401,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
     eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
     w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
-    tf32 dots on).
+    tf32 dots on), and the tf32 one with the blocks' last ReLU in the heads ("_relu_in_head").
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .plots import plot_timeline
 
@@ -413,12 +413,16 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
                ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
                ("mlp_w4096_b32768_saturating", lambda: mlp_workload(4096, 32768))]
     # a size where the fused heads gain least (bench_schedule, graphed): fused, PyTorch and zero-cost heads
-    def mlp_heads(dtype, heads):
-        model, inputs = mlp_workload(512, 4096, dtype, backend="torch" if heads == "torch" else "auto")
+    def mlp_heads(dtype, heads, relu):
+        model, inputs = mlp_workload(512, 4096, dtype, backend="torch" if heads == "torch" else "auto",
+                                     relu_in_head=relu)
         return (free_heads(model) if heads == "free" else model), inputs
-    for dname, heads in (("bf16", "fused"), ("bf16", "torch"), ("tf32", "fused"), ("tf32", "torch"), ("tf32", "free")):
-        configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads", lambda dname=dname, heads=heads: mlp_heads(
-            torch.bfloat16 if dname == "bf16" else torch.float32, heads)))
+    for dname, heads, relu in (("bf16", "fused", False), ("bf16", "torch", False), ("tf32", "fused", False),
+                               ("tf32", "torch", False), ("tf32", "free", False), ("tf32", "fused", True),
+                               ("tf32", "torch", True)):
+        configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads" + ("_relu_in_head" if relu else ""),
+                        lambda dname=dname, heads=heads, relu=relu: mlp_heads(
+                            torch.bfloat16 if dname == "bf16" else torch.float32, heads, relu)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
