@@ -110,7 +110,8 @@ def plot_bench(rows: list[dict], path: str):
 def plot_schedule(rows: list[dict], path: str):
     """bench_schedule.py summary: graphed erase vs sequential and fused vs PyTorch heads."""
     rs = [r for r in rows if "graph_erase_vs_seq" in r]
-    labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}" for r in rs]
+    labels = [f"{r['model'][:3]} w{r['width']}\nb{r['batch']} {r['dtype']}"
+              + ("\nReLU in head" if str(r.get("relu_in_head", "")) in ("1", "True") else "") for r in rs]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 5.5))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
