@@ -15,7 +15,9 @@ summary columns *_equal_prio / eager_equal_priority_vs_seq*. --relu-in-head on|b
 blocks hand their last ReLU to the head (`MLPChain(relu_in_head=True)`, LocalHead(activation=
 "relu")); "both" runs each MLP config both ways (column relu_in_head). --captures K: each
 graphed row is the median over K separate captures (one capture's replays vary by ~±3%).
-CSV with GPU metadata.
+--beside OCC[:PPS],...: the launch of the heads that run beside the next segment
+(LaunchConfig(occupancy=OCC, programs_per_sm=PPS)); several settings run each config once per
+setting (column beside). CSV with GPU metadata.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
-from erase_triton import Scheduler  # noqa: E402
+from erase_triton import LaunchConfig, Scheduler  # noqa: E402
 from erase_triton.study import free_heads, mlp_workload, time_eager_modes, time_step, transformer_workload  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
@@ -70,10 +72,20 @@ def _heads(model, heads, group_tiles=None):
     return model
 
 
-def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False):
+def _beside(model, beside):
+    """beside "OCC[:PPS]": the config of the heads that run beside the next segment."""
+    if beside:
+        occ, _, pps = beside.partition(":")
+        cfg = LaunchConfig(occupancy=float(occ), programs_per_sm=int(pps) if pps else None)
+        for hd in model.heads:
+            hd._beside_config = cfg
+    return model
+
+
+def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False, beside=""):
     model, inputs = mlp_workload(width, batch, dtype, occupancy=occupancy,
                                  backend="torch" if heads == "torch" else "auto", relu_in_head=relu_in_head)
-    return _heads(model, heads, group_tiles), inputs
+    return _beside(_heads(model, heads, group_tiles), beside), inputs
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto"):
@@ -163,13 +175,14 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
 def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
-    key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"], r.get("relu_in_head", ""))  # noqa: E731
+    key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"], r.get("relu_in_head", ""),  # noqa: E731
+                     r.get("beside", ""))
     groups = {}
     for r in rows:
         if r["streams"] == "auto":
             groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
     for k, g in groups.items():
-        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4])
+        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4], beside=k[5])
         for ex in ("graph", "eager"):
             f = lambda h, m: g.get((h, ex, m), float("nan"))  # noqa: E731
             s[f"{ex}_erase_fused_ms"] = f("fused", "erase")
@@ -228,6 +241,8 @@ def main():
                     help="MLP blocks hand their last ReLU to the head (LocalHead(activation='relu')); both: each "
                          "config both ways")
     ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
+    ap.add_argument("--beside", default="", help="OCC[:PPS],...: LaunchConfig(occupancy=OCC, programs_per_sm=PPS) "
+                    "of the MLP heads beside the next segment (default: the library's); each setting a row")
     args = ap.parse_args()
     global PRIORITIES, CAPTURES
     PRIORITIES = args.priorities or Scheduler().priorities
@@ -243,14 +258,16 @@ def main():
         cfgs = [c for c in cfgs if (args.max_width is None or c[0] <= args.max_width)
                 and (args.min_width is None or c[0] >= args.min_width)]
         relu = {"off": (False,), "on": (True,), "both": (False, True)}[args.relu_in_head]
+        besides = args.beside.split(",")
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 for r in relu:
-                    cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
-                                       group_tiles=args.group_tiles or "", priorities=PRIORITIES, relu_in_head=int(r),
-                                       captures=args.captures),
-                                  lambda heads, w=w, b=b, dtype=dtype, r=r: mlp_case(w, b, dtype, heads, occ,
-                                                                                     args.group_tiles, r)))
+                    for bs in besides:
+                        cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
+                                           group_tiles=args.group_tiles or "", priorities=PRIORITIES,
+                                           relu_in_head=int(r), beside=bs, captures=args.captures),
+                                      lambda heads, w=w, b=b, dtype=dtype, r=r, bs=bs: mlp_case(
+                                          w, b, dtype, heads, occ, args.group_tiles, r, bs)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
@@ -263,7 +280,7 @@ def main():
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
-    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "graph_erase_fused_ms", "graph_erase_vs_seq",
+    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
                        "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",

@@ -24,6 +24,10 @@ class LaunchConfig:
 
     occupancy:      fraction of the SMs the persistent grid may fill (0 < x <= 1);
                     None fills the whole device.
+    programs_per_sm: at most this many programs per SM in the grid-size rule (None: as many
+                    as the kernel's registers and shared memory allow). With 1 or 2, a head
+                    beside another stream's GEMMs leaves room on each SM for a GEMM CTA
+                    rather than taking whole SMs, so spread it over more SMs (a larger occupancy).
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
@@ -46,6 +50,7 @@ class LaunchConfig:
     """
 
     occupancy: float | None = None
+    programs_per_sm: int | None = None
     block_n: int | None = None
     block_d: int | None = None
     block_v: int | None = None
@@ -68,6 +73,8 @@ class LaunchConfig:
             raise ValueError(f"group_tiles must be a positive int or None, got {self.group_tiles!r}")
         if self.deterministic is not None and not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be a bool or None, got {self.deterministic!r}")
+        if self.programs_per_sm is not None and (not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1):
+            raise ValueError(f"programs_per_sm must be a positive int or None, got {self.programs_per_sm!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 
@@ -100,8 +107,10 @@ def _programs_per_sm(compiled, num_warps: int, regs_per_sm: int, smem_per_sm: in
     return max(1, min(by_regs, by_smem, 2048 // (32 * num_warps)))
 
 
-def num_programs(kernel, key, warmup, device: torch.device, num_warps: int, occupancy: float | None) -> int:
-    """Persistent grid size: occupancy x SMs, times how many programs fit on one SM.
+def num_programs(kernel, key, warmup, device: torch.device, num_warps: int, occupancy: float | None,
+                 programs_per_sm: int | None = None) -> int:
+    """Persistent grid size: occupancy x SMs, times how many programs fit on one SM (at most
+    programs_per_sm).
 
     `warmup()` compiles the kernel (only called once per key) and returns the
     compiled object. Under the interpreter there is no device: 4 pretend SMs.
@@ -118,7 +127,7 @@ def num_programs(kernel, key, warmup, device: torch.device, num_warps: int, occu
         if hasattr(compiled, "_init_handles"):
             compiled._init_handles()
         per_sm = _PER_SM[ck] = _programs_per_sm(compiled, num_warps, regs, smem)
-    return max(1, round(frac * sms)) * per_sm
+    return max(1, round(frac * sms)) * min(per_sm, programs_per_sm or per_sm)
 
 
 def next_pow2(x: int) -> int:

@@ -866,7 +866,8 @@ def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
     # make_args() builds warm-up arguments; only called when the plan is new
     if plan.p_occ is None or device.type != "cuda":
         plan.p_occ = num_programs(plan.kernel, id(plan), lambda: plan.kernel.warmup(
-            *make_args(), grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy)
+            *make_args(), grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy,
+            cfg.programs_per_sm)
     return plan.p_occ
 
 

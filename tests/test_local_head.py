@@ -418,3 +418,15 @@ def test_bad_occupancy():
 def test_wrong_type():
     with pytest.raises(TypeError, match="h must be a torch.Tensor"):
         fused_local_head([1.0], torch.zeros(1, 1), None, torch.zeros(1))
+
+
+def test_programs_per_sm_caps_the_grid(monkeypatch):
+    # the grid rule on a pretend 132-SM device where the kernel fits 5 programs an SM
+    import erase_triton.kernels.launch as launch
+    monkeypatch.setattr(launch, "device_limits", lambda index: (132, 65536, 228 * 1024))
+    monkeypatch.setitem(launch._PER_SM, ("k", "key", 0), 5)
+    dev = torch.device("cuda", 0)
+    P = lambda occ, pps: launch.num_programs("k", "key", None, dev, 2, occ, pps)  # noqa: E731
+    assert (P(0.125, None), P(0.5, 1), P(1.0, 2), P(None, 8)) == (16 * 5, 66, 264, 660)
+    with pytest.raises(ValueError, match="programs_per_sm must be a positive int"):
+        LaunchConfig(programs_per_sm=0)
