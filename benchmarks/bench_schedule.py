@@ -72,20 +72,27 @@ def _heads(model, heads, group_tiles=None):
     return model
 
 
-def _beside(model, beside):
-    """beside "OCC[:PPS]": the config of the heads that run beside the next segment."""
+def _config(spec):
+    """"OCC[:PPS]" -> LaunchConfig(occupancy=OCC or None for 1, programs_per_sm=PPS)."""
+    occ, _, pps = spec.partition(":")
+    return LaunchConfig(occupancy=None if float(occ) == 1.0 else float(occ), programs_per_sm=int(pps) if pps else None)
+
+
+def _launch_configs(model, beside, final):
+    """beside, final: "OCC[:PPS]" (or ""): the config of the heads that run beside the next
+    segment, and the final head's."""
     if beside:
-        occ, _, pps = beside.partition(":")
-        cfg = LaunchConfig(occupancy=float(occ), programs_per_sm=int(pps) if pps else None)
         for hd in model.heads:
-            hd._beside_config = cfg
+            hd._beside_config = _config(beside)
+    if final:
+        model.heads[-1].config = _config(final)
     return model
 
 
-def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False, beside=""):
+def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False, beside="", final=""):
     model, inputs = mlp_workload(width, batch, dtype, occupancy=occupancy,
                                  backend="torch" if heads == "torch" else "auto", relu_in_head=relu_in_head)
-    return _beside(_heads(model, heads, group_tiles), beside), inputs
+    return _launch_configs(_heads(model, heads, group_tiles), beside, final), inputs
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto"):
@@ -176,13 +183,13 @@ def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
     key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"], r.get("relu_in_head", ""),  # noqa: E731
-                     r.get("beside", ""))
+                     r.get("beside", ""), r.get("final", ""))
     groups = {}
     for r in rows:
         if r["streams"] == "auto":
             groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
     for k, g in groups.items():
-        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4], beside=k[5])
+        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4], beside=k[5], final=k[6])
         for ex in ("graph", "eager"):
             f = lambda h, m: g.get((h, ex, m), float("nan"))  # noqa: E731
             s[f"{ex}_erase_fused_ms"] = f("fused", "erase")
@@ -241,6 +248,7 @@ def main():
                     help="MLP blocks hand their last ReLU to the head (LocalHead(activation='relu')); both: each "
                          "config both ways")
     ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
+    ap.add_argument("--final", default="", help="OCC[:PPS],...: LaunchConfig of the MLP's final head; each a row")
     ap.add_argument("--beside", default="", help="OCC[:PPS],...: LaunchConfig(occupancy=OCC, programs_per_sm=PPS) "
                     "of the MLP heads beside the next segment (default: the library's); each setting a row")
     args = ap.parse_args()
@@ -258,16 +266,16 @@ def main():
         cfgs = [c for c in cfgs if (args.max_width is None or c[0] <= args.max_width)
                 and (args.min_width is None or c[0] >= args.min_width)]
         relu = {"off": (False,), "on": (True,), "both": (False, True)}[args.relu_in_head]
-        besides = args.beside.split(",")
+        launches = [(bs, fi) for bs in args.beside.split(",") for fi in args.final.split(",")]
         for dname, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
             for w, b in cfgs:
                 for r in relu:
-                    for bs in besides:
+                    for bs, fi in launches:
                         cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
                                            group_tiles=args.group_tiles or "", priorities=PRIORITIES,
-                                           relu_in_head=int(r), beside=bs, captures=args.captures),
-                                      lambda heads, w=w, b=b, dtype=dtype, r=r, bs=bs: mlp_case(
-                                          w, b, dtype, heads, occ, args.group_tiles, r, bs)))
+                                           relu_in_head=int(r), beside=bs, final=fi, captures=args.captures),
+                                      lambda heads, w=w, b=b, dtype=dtype, r=r, bs=bs, fi=fi: mlp_case(
+                                          w, b, dtype, heads, occ, args.group_tiles, r, bs, fi)))
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
@@ -280,7 +288,7 @@ def main():
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
-    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "graph_erase_fused_ms", "graph_erase_vs_seq",
+    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "final", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
                        "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",

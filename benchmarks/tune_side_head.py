@@ -12,6 +12,8 @@ slower at every size; a 1/8 head is latency-bound by its share of SMs (N=4096 D=
 --tiles: rows per tile x warps x pipeline stages of the static split, at 1/8 (the side
 heads) and on the whole device (the final head), at the b1024 and b4096 sizes; each variant
 is checked against the default launch and records its grid (P) and registers.
+--grid: LaunchConfig(programs_per_sm=1, 2, 3) against the default grid rule, same cases:
+fewer programs, more row tiles each, fewer end-of-kernel atomics.
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us).
 """
@@ -53,19 +55,34 @@ def tile_study(D: int = 512) -> list[dict]:
     return rows
 
 
+def grid_study(D: int = 512) -> list[dict]:
+    rows = []
+    for dname, N, occ in TILE_CASES:
+        dtype = torch.bfloat16 if dname == "bf16" else torch.float32
+        h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
+        base = fused_local_head(h, w, b, y, config=LaunchConfig(occupancy=occ))
+        for pps in (None, 1, 2, 3):
+            cfg = LaunchConfig(occupancy=occ, programs_per_sm=pps)
+            rows.append(measure_variant(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0,
+                                             variant="default" if pps is None else f"programs_per_sm={pps}",
+                                             floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/side_head.csv")
     ap.add_argument("--tiles", action="store_true", help="the tile study (TILE_CASES x TILES)")
+    ap.add_argument("--grid", action="store_true", help="programs_per_sm 1-3 against the default grid (TILE_CASES)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
-    if args.tiles:
-        rows = tile_study()
+    if args.tiles or args.grid:
+        rows = grid_study() if args.grid else tile_study()
         write_csv(args.out, rows, metadata())
         for dname, N, occ in TILE_CASES:
             case = [r for r in rows if (r["dtype"], r["N"], r["occupancy"]) == (dname, N, occ or 1.0)]
             ok = sorted([r for r in case if "us" in r and r["matches_default"]], key=lambda r: r["us"])
-            print(f"# {dname} N={N} occupancy={occ or 1.0}: default and the 5 fastest")
+            print(f"# {dname} N={N} occupancy={occ or 1.0}: default and the 5 fastest", flush=True)
             print_table([r for r in case if r["variant"] == "default"] + ok[:5],
                         ["dtype", "N", "occupancy", "variant", "P", "n_regs", "us", "floor_us"])
         return
