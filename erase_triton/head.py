@@ -27,13 +27,23 @@ from . import scheduler as _sched
 from .functional import check_activation, check_args, local_head_into, use_triton
 from .reference import head_loss
 
-__all__ = ["LocalHead", "DEFAULT_OCCUPANCY"]
+__all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
 
 # Measured best SM fraction for heads running beside the next forward (erase-triton sweep,
 # H200: transformer w256 graphed erase 1.41 ms at 1/8 vs 1.63 ms at 1; CTR proxy flat
 # within 1%). With occupancy="auto" a head uses it under an erase scheduler on CUDA
 # streams, and the whole device otherwise (nothing runs beside it there).
 DEFAULT_OCCUPANCY = 0.125
+# ...except for large inputs: from 2^24 elements of h (N x D, e.g. 16384 rows of 1024) the next
+# segment's GEMMs fill the device by themselves, and a head confined to 1/8 of it only takes
+# 8x longer to free its block's backward. H200, graphed erase (bench_schedule --beside,
+# `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-2.6% faster at
+# w2048 b16384 and w1024 b16384 bf16, equal at w1024 b16384 tf32; at w1024 b4096 (2^22) 1/8
+# was equal or 1.5% faster, and at w <= 512 (session 9) within ±2% either way.
+WHOLE_DEVICE_MIN_ELEMENTS = 1 << 24
+
+
+_AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
 
 
 class LocalHead(nn.Module):
@@ -44,7 +54,8 @@ class LocalHead(nn.Module):
     only active head, whose gradient then flows through the whole model.
     occupancy: fraction of SMs for the fused kernel's persistent grid. "auto" (default):
     DEFAULT_OCCUPANCY (1/8, the sweep's best) when the head runs beside the next segment
-    (erase mode on CUDA streams), the whole device otherwise. None: always the whole device.
+    (erase mode on CUDA streams) and h has fewer than WHOLE_DEVICE_MIN_ELEMENTS elements, the
+    whole device otherwise. None: always the whole device.
     activation: None, or "relu": the head applies the block's last ReLU itself (it receives
     the pre-activation, returns its ReLU) and the fused kernel back-propagates through it,
     saving the ReLU's backward pass; backend="torch" runs a plain F.relu under autograd.
@@ -69,7 +80,7 @@ class LocalHead(nn.Module):
             raise ValueError(f"occupancy must be a fraction in (0, 1], None or 'auto', got {occupancy!r}")
         self.auto_occupancy = config is None and occupancy == "auto"
         self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
-        self._beside_config = LaunchConfig(DEFAULT_OCCUPANCY) if self.auto_occupancy else self.config
+        self._beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -88,6 +99,14 @@ class LocalHead(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, loss={self.loss!r}, "
                 f"bias={self.bias is not None}, final={self.final}, occupancy={occ}"
                 + (f", activation={self.activation!r}" if self.activation else ""))
+
+    def launch_config(self, h: torch.Tensor, beside: bool) -> LaunchConfig:
+        """The kernel's LaunchConfig for input h; beside: the next segment runs concurrently."""
+        if not beside:
+            return self.config
+        if self._beside_config is _AUTO_BESIDE and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
+            return self.config  # "auto" on a large input: the whole device
+        return self._beside_config
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         """The head's activation as a plain autograd op (identity without one)."""
@@ -151,7 +170,7 @@ class LocalHead(nn.Module):
         hd = h.detach() if act is None else act
         loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
                                        loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
-                                       backend=self.backend, config=self._beside_config if beside else self.config,
+                                       backend=self.backend, config=self.launch_config(hd, beside),
                                        grad_weight=gw, grad_bias=gb, accumulate=acc_w,
                                        activation=None if act is None else "relu")
         if w.grad is None and w.requires_grad:  # a frozen head keeps .grad None

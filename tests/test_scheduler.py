@@ -280,6 +280,13 @@ def test_head_occupancy_auto_and_validation():
     assert auto._beside_config.occupancy == DEFAULT_OCCUPANCY
     fixed = LocalHead(8, 1, occupancy=0.5)
     assert fixed.config.occupancy == fixed._beside_config.occupancy == 0.5
+    # "auto" beside the next segment: 1/8 below WHOLE_DEVICE_MIN_ELEMENTS elements of h, the whole device from there
+    from erase_triton.head import WHOLE_DEVICE_MIN_ELEMENTS as big
+    small_h, big_h = torch.empty(4096, 1024), torch.empty(big // 8, 8)
+    assert auto.launch_config(small_h, beside=True).occupancy == DEFAULT_OCCUPANCY
+    assert auto.launch_config(big_h, beside=True).occupancy is None
+    assert auto.launch_config(small_h, beside=False).occupancy is None
+    assert fixed.launch_config(big_h, beside=True).occupancy == 0.5  # a chosen occupancy is kept at any size
     with pytest.raises(ValueError, match="occupancy must be a fraction"):
         LocalHead(8, 1, occupancy="half")
     with pytest.raises(ValueError, match="occupancy must be in"):
