@@ -16,8 +16,9 @@ blocks hand their last ReLU to the head (`MLPChain(relu_in_head=True)`, LocalHea
 "relu")); "both" runs each MLP config both ways (column relu_in_head). --captures K: each
 graphed row is the median over K separate captures (one capture's replays vary by ~±3%).
 --beside OCC[:PPS],...: the launch of the heads that run beside the next segment
-(LaunchConfig(occupancy=OCC, programs_per_sm=PPS)); several settings run each config once per
-setting (column beside). CSV with GPU metadata.
+(LaunchConfig(occupancy=OCC, programs_per_sm=PPS)), replacing occupancy="auto" and its size rule;
+--final OCC[:PPS],...: the final head's. Several settings run each config once per setting
+(columns beside, final). CSV with GPU metadata.
 """
 from __future__ import annotations
 

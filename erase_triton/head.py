@@ -34,13 +34,14 @@ __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
 # within 1%). With occupancy="auto" a head uses it under an erase scheduler on CUDA
 # streams, and the whole device otherwise (nothing runs beside it there).
 DEFAULT_OCCUPANCY = 0.125
-# ...except for large inputs: from 2^24 elements of h (N x D, e.g. 16384 rows of 1024) the next
+# ...except for large inputs: from 2^25 elements of h (N x D, e.g. 16384 rows of 2048) the next
 # segment's GEMMs fill the device by themselves, and a head confined to 1/8 of it only takes
 # 8x longer to free its block's backward. H200, graphed erase (bench_schedule --beside,
-# `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-2.6% faster at
-# w2048 b16384 and w1024 b16384 bf16, equal at w1024 b16384 tf32; at w1024 b4096 (2^22) 1/8
-# was equal or 1.5% faster, and at w <= 512 (session 9) within ±2% either way.
-WHOLE_DEVICE_MIN_ELEMENTS = 1 << 24
+# `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-1.7% faster at w2048
+# b16384 (2^25). At 2^24 the evidence is mixed: MLP w1024 b16384 bf16 +2.6%, tf32 equal, and the
+# CTR proxy at w1024 b16384 1.7% slower (`sweep.csv`); at w1024 b4096 (2^22) 1/8 was equal or
+# 1.5% faster, and at w <= 512 (session 9) within ±2% either way.
+WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
 
 _AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
@@ -138,7 +139,8 @@ class LocalHead(nn.Module):
     def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False,
                    act: torch.Tensor | None = None) -> torch.Tensor:
         """Fused loss + grads on the current stream; backward into h's producer; returns h.detach().
-        beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the grid).
+        beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the
+        grid, for inputs below WHOLE_DEVICE_MIN_ELEMENTS: `launch_config`).
         act: relu(h), computed by forward for a fused head with activation="relu": the loss
         reads it, the gradient goes to h through the ReLU, and act is returned."""
         if not use_triton(h, self.backend):

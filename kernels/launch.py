@@ -26,8 +26,9 @@ class LaunchConfig:
                     None fills the whole device.
     programs_per_sm: at most this many programs per SM in the grid-size rule (None: as many
                     as the kernel's registers and shared memory allow). With 1 or 2, a head
-                    beside another stream's GEMMs leaves room on each SM for a GEMM CTA
-                    rather than taking whole SMs, so spread it over more SMs (a larger occupancy).
+                    beside another stream's GEMMs leaves room for a GEMM CTA on each SM it
+                    uses, instead of filling whole SMs (spread it with a larger occupancy).
+                    H200, MLP proxy's side heads: no faster than the default (sched_s10b).
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
@@ -50,7 +51,6 @@ class LaunchConfig:
     """
 
     occupancy: float | None = None
-    programs_per_sm: int | None = None
     block_n: int | None = None
     block_d: int | None = None
     block_v: int | None = None
@@ -59,6 +59,7 @@ class LaunchConfig:
     fp32_precision: str | None = None
     group_tiles: int | None = None
     deterministic: bool | None = None
+    programs_per_sm: int | None = None  # last: positional construction keeps its old meaning
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
