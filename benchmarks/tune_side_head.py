@@ -41,32 +41,28 @@ TILES = [(bn, nw, st) for bn in (8, 16, 32, 64) for nw in (2, 4, 8) for st in (1
          if 32 <= bn * 512 // (32 * nw) <= 256]
 
 
-def tile_study(D: int = 512) -> list[dict]:
+def _study(variants, D: int = 512) -> list[dict]:
+    """Each TILE_CASES head launched with each (name, LaunchConfig kwargs) of variants(), checked
+    against the default launch."""
     rows = []
     for dname, N, occ in TILE_CASES:
         dtype = torch.bfloat16 if dname == "bf16" else torch.float32
         h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
         base = fused_local_head(h, w, b, y, config=LaunchConfig(occupancy=occ))
-        for bn, nw, st in [(None, None, None)] + TILES:
-            cfg = LaunchConfig(occupancy=occ, block_n=bn, num_warps=nw, num_stages=st)
-            name = "default" if bn is None else f"bn={bn},nw={nw},st={st}"
+        for name, kw in variants():
             rows.append(measure_variant(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, variant=name,
-                                             floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
+                                             floor_us=floor_us), h, w, b, y, base, floor_us,
+                                        LaunchConfig(occupancy=occ, **kw)))
     return rows
 
 
-def grid_study(D: int = 512) -> list[dict]:
-    rows = []
-    for dname, N, occ in TILE_CASES:
-        dtype = torch.bfloat16 if dname == "bf16" else torch.float32
-        h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
-        base = fused_local_head(h, w, b, y, config=LaunchConfig(occupancy=occ))
-        for pps in (None, 1, 2, 3):
-            cfg = LaunchConfig(occupancy=occ, programs_per_sm=pps)
-            rows.append(measure_variant(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0,
-                                             variant="default" if pps is None else f"programs_per_sm={pps}",
-                                             floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
-    return rows
+def tile_study() -> list[dict]:
+    return _study(lambda: [("default", {})] + [(f"bn={bn},nw={nw},st={st}", dict(block_n=bn, num_warps=nw, num_stages=st))
+                                               for bn, nw, st in TILES])
+
+
+def grid_study() -> list[dict]:
+    return _study(lambda: [("default", {})] + [(f"programs_per_sm={k}", dict(programs_per_sm=k)) for k in (1, 2, 3)])
 
 
 def main():
