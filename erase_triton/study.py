@@ -407,7 +407,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
 
     if not torch.cuda.is_available():
         raise RuntimeError("trace needs a CUDA device (kernel timelines come from CUPTI)")
-    torch.backends.cuda.matmul.allow_tf32 = True  # the tf32 configs (fp32 weights) as bench_schedule runs them
+    meta = _tf32_metadata()  # the tf32 configs (fp32 weights) as bench_schedule runs them
     os.makedirs(out_dir, exist_ok=True)
     configs = [("transformer_w256_b32_s128", lambda: transformer_workload(256, 32, 128)),
                ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
@@ -457,7 +457,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
             json.dump(ks, f)
         del run, model, inputs, opt, sched, prof
         torch.cuda.empty_cache()
-    write_csv(os.path.join(out_dir, "trace_summary.csv"), summary)
+    write_csv(os.path.join(out_dir, "trace_summary.csv"), summary, meta)
     return summary
 
 
