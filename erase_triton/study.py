@@ -401,7 +401,8 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     """Chrome traces + timeline PNGs of erase steps, replayed from a CUDA graph and issued
     eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
     w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
-    tf32 dots on), and the tf32 one with the blocks' last ReLU in the heads ("_relu_in_head").
+    tf32 dots on), and the tf32 one with the blocks' last ReLU in the heads ("_relu_in_head"); the
+    transformer w512 b32 s256 with fused, PyTorch and zero-cost heads.
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .plots import plot_timeline
 
@@ -423,6 +424,12 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
         configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads" + ("_relu_in_head" if relu else ""),
                         lambda dname=dname, heads=heads, relu=relu: mlp_heads(
                             torch.bfloat16 if dname == "bf16" else torch.float32, heads, relu)))
+    # the transformer size where fused heads gain least (bench_schedule, graphed): fused, PyTorch, zero-cost heads
+    def tf_heads(heads):
+        model, inputs = transformer_workload(512, 32, 256, backend="torch" if heads == "torch" else "auto")
+        return (free_heads(model) if heads == "free" else model), inputs
+    for heads in ("fused", "torch", "free"):
+        configs.append((f"transformer_w512_b32_s256_{heads}_heads", lambda heads=heads: tf_heads(heads)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
