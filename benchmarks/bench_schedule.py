@@ -96,10 +96,10 @@ def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, rel
     return _launch_configs(_heads(model, heads, group_tiles), beside, final), inputs
 
 
-def transformer_case(width, batch, seq, heads, occupancy="auto"):
+def transformer_case(width, batch, seq, heads, occupancy="auto", beside=""):
     model, inputs = transformer_workload(width, batch, seq, occupancy=occupancy,
                                          backend="torch" if heads == "torch" else "auto")
-    return _heads(model, heads), inputs
+    return _launch_configs(_heads(model, heads), beside, ""), inputs
 
 
 PRIORITIES = None  # the erase ring's Scheduler(priorities=...): set by main (--priorities, else the library's)
@@ -251,7 +251,7 @@ def main():
     ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
     ap.add_argument("--final", default="", help="OCC[:PPS],...: LaunchConfig of the MLP's final head; each a row")
     ap.add_argument("--beside", default="", help="OCC[:PPS],...: LaunchConfig(occupancy=OCC, programs_per_sm=PPS) "
-                    "of the MLP heads beside the next segment (default: the library's); each setting a row")
+                    "of the heads beside the next segment (default: the library's); each setting a row")
     args = ap.parse_args()
     global PRIORITIES, CAPTURES
     PRIORITIES = args.priorities or Scheduler().priorities
@@ -280,9 +280,10 @@ def main():
     if args.model in ("transformer", "all"):
         tf = [(256, 32, 128)] if args.quick else [(256, 32, 128), (512, 32, 256), (1024, 32, 256)]
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
-            cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
-                               priorities=PRIORITIES),
-                          lambda heads, w=w, b=b, s=s: transformer_case(w, b, s, heads, occ)))
+            for bs in args.beside.split(","):
+                cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
+                                   priorities=PRIORITIES, beside=bs, captures=args.captures),
+                              lambda heads, w=w, b=b, s=s, bs=bs: transformer_case(w, b, s, heads, occ, bs)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
              free=args.free_heads)
