@@ -29,17 +29,19 @@ from .reference import head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
 
-# Measured best SM fraction for heads running beside the next forward (erase-triton sweep,
-# H200: transformer w256 graphed erase 1.41 ms at 1/8 vs 1.63 ms at 1; CTR proxy flat
-# within 1%). With occupancy="auto" a head uses it under an erase scheduler on CUDA
-# streams, and the whole device otherwise (nothing runs beside it there).
+# Measured SM fraction for heads running beside the next forward (erase-triton sweep, H200,
+# graphed erase, session 11: within 0.41% of the best of six fractions on the CTR proxy and the
+# transformer at two sizes each; 1/4 0.5% and the whole device 0.9% above the best on average.
+# Session 4, with the vocabulary kernel on the transformer: 1.41 ms at 1/8 vs 1.63 ms at 1).
+# With occupancy="auto" a head uses it under an erase scheduler on CUDA streams, and the whole
+# device otherwise (nothing runs beside it there).
 DEFAULT_OCCUPANCY = 0.125
 # ...except for large inputs: from 2^25 elements of h (N x D, e.g. 16384 rows of 2048) the next
 # segment's GEMMs fill the device by themselves, and a head confined to 1/8 of it only takes
 # 8x longer to free its block's backward. H200, graphed erase (bench_schedule --beside,
 # `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-1.7% faster at w2048
 # b16384 (2^25). At 2^24 the evidence is mixed: MLP w1024 b16384 bf16 +2.6%, tf32 equal, and the
-# CTR proxy at w1024 b16384 1.7% slower (`sweep.csv`); at w1024 b4096 (2^22) 1/8 was equal or
+# CTR proxy at w1024 b16384 0.9-1.7% slower (`sweep.csv`, sessions 11 and 4); at w1024 b4096 (2^22) 1/8 was equal or
 # 1.5% faster, and at w <= 512 (session 9) within ±2% either way.
 WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
