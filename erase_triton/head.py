@@ -41,8 +41,9 @@ DEFAULT_OCCUPANCY = 0.125
 # 8x longer to free its block's backward. H200, graphed erase (bench_schedule --beside,
 # `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-1.7% faster at w2048
 # b16384 (2^25). At 2^24 the evidence is mixed: MLP w1024 b16384 bf16 +2.6%, tf32 equal, and the
-# CTR proxy at w1024 b16384 0.9-1.7% slower (`sweep.csv`, sessions 11 and 4); at w1024 b4096 (2^22) 1/8 was equal or
-# 1.5% faster, and at w <= 512 (session 9) within ±2% either way.
+# CTR proxy at w1024 b16384 0.9-1.7% slower (`sweep.csv`, sessions 11 and 4); at w1024 b4096
+# (2^22) 1/8 was equal or 1.5% faster, and at w <= 512 (session 9) within ±2% either way. Session
+# 11 ran the graphed grid with this rule as the default: erase / sequential >= 1.005 everywhere.
 WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
 
