@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton import LaunchConfig, Scheduler  # noqa: E402
-from erase_triton.study import free_heads, mlp_workload, time_eager_modes, time_step, transformer_workload  # noqa: E402
+from erase_triton.study import mlp_workload, time_eager_modes, time_step, transformer_workload, with_heads  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -62,11 +62,9 @@ class SideStreamScheduler(Scheduler):
         torch.cuda.current_stream().wait_stream(side)
 
 
-def _heads(model, heads, group_tiles=None):
-    """free: zero-cost heads; fused with group_tiles: claimed groups of k row tiles (LaunchConfig.group_tiles)."""
-    if heads == "free":
-        free_heads(model)
-    elif heads == "fused" and group_tiles:
+def _group_tiles(model, heads, group_tiles=None):
+    """fused with group_tiles: claimed groups of k row tiles (LaunchConfig.group_tiles)."""
+    if heads == "fused" and group_tiles:
         for hd in model.heads:
             hd.config = dataclasses.replace(hd.config, group_tiles=group_tiles)
             hd._beside_config = dataclasses.replace(hd._beside_config, group_tiles=group_tiles)
@@ -91,15 +89,13 @@ def _launch_configs(model, beside, final):
 
 
 def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False, beside="", final=""):
-    model, inputs = mlp_workload(width, batch, dtype, occupancy=occupancy,
-                                 backend="torch" if heads == "torch" else "auto", relu_in_head=relu_in_head)
-    return _launch_configs(_heads(model, heads, group_tiles), beside, final), inputs
+    model, inputs = with_heads(mlp_workload, heads, width, batch, dtype, occupancy=occupancy, relu_in_head=relu_in_head)
+    return _launch_configs(_group_tiles(model, heads, group_tiles), beside, final), inputs
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto", beside=""):
-    model, inputs = transformer_workload(width, batch, seq, occupancy=occupancy,
-                                         backend="torch" if heads == "torch" else "auto")
-    return _launch_configs(_heads(model, heads), beside, ""), inputs
+    model, inputs = with_heads(transformer_workload, heads, width, batch, seq, occupancy=occupancy)
+    return _launch_configs(model, beside, ""), inputs
 
 
 PRIORITIES = None  # the erase ring's Scheduler(priorities=...): set by main (--priorities, else the library's)
@@ -198,11 +194,11 @@ def summarize(rows):
             s[f"{ex}_erase_vs_e2e"] = f("torch", "e2e") / f("fused", "erase")
             s[f"{ex}_fused_vs_torch_heads"] = f("torch", "erase") / f("fused", "erase")
         # the other priority setting (graphed erase): its step time and fused / PyTorch heads
-        other = {r["heads"]: r["ms"] for r in rows if key(r) == k and r["exec"] == "graph"
-                 and r["streams"] in ("equal-priority", "rising-priority")}
-        if other:
-            label = next(r["streams"] for r in rows if key(r) == k and r["streams"] in ("equal-priority", "rising-priority"))
-            tag = label.split("-")[0]
+        other_rows = [r for r in rows if key(r) == k and r["exec"] == "graph"
+                      and r["streams"] in ("equal-priority", "rising-priority")]
+        if other_rows:
+            other = {r["heads"]: r["ms"] for r in other_rows}
+            tag = other_rows[0]["streams"].split("-")[0]
             s[f"graph_erase_fused_ms_{tag}_prio"] = other.get("fused", float("nan"))
             s[f"graph_fused_vs_torch_heads_{tag}_prio"] = other.get("torch", float("nan")) / other.get("fused", float("nan"))
         # the most any head can buy: free (zero-cost) heads against PyTorch heads

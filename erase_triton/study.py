@@ -186,6 +186,13 @@ def free_heads(model):
     return model
 
 
+def with_heads(workload, heads: str, *args, **kw):
+    """workload(*args, **kw) (e.g. `mlp_workload`) with fused ("fused"), PyTorch ("torch") or
+    zero-cost ("free", `FreeHead`) heads; returns (model, inputs)."""
+    model, inputs = workload(*args, backend="torch" if heads == "torch" else "auto", **kw)
+    return (free_heads(model) if heads == "free" else model), inputs
+
+
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
               priorities: bool | str | None = None) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
@@ -413,23 +420,17 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     configs = [("transformer_w256_b32_s128", lambda: transformer_workload(256, 32, 128)),
                ("transformer_w1024_b32_s256", lambda: transformer_workload(1024, 32, 256)),
                ("mlp_w4096_b32768_saturating", lambda: mlp_workload(4096, 32768))]
-    # a size where the fused heads gain least (bench_schedule, graphed): fused, PyTorch and zero-cost heads
-    def mlp_heads(dtype, heads, relu):
-        model, inputs = mlp_workload(512, 4096, dtype, backend="torch" if heads == "torch" else "auto",
-                                     relu_in_head=relu)
-        return (free_heads(model) if heads == "free" else model), inputs
+    # the sizes where the fused heads gain least (bench_schedule, graphed): fused, PyTorch and zero-cost heads
     for dname, heads, relu in (("bf16", "fused", False), ("bf16", "torch", False), ("tf32", "fused", False),
                                ("tf32", "torch", False), ("tf32", "free", False), ("tf32", "fused", True),
                                ("tf32", "torch", True)):
         configs.append((f"mlp_w512_b4096_{dname}_{heads}_heads" + ("_relu_in_head" if relu else ""),
-                        lambda dname=dname, heads=heads, relu=relu: mlp_heads(
-                            torch.bfloat16 if dname == "bf16" else torch.float32, heads, relu)))
-    # the transformer size where fused heads gain least (bench_schedule, graphed): fused, PyTorch, zero-cost heads
-    def tf_heads(heads):
-        model, inputs = transformer_workload(512, 32, 256, backend="torch" if heads == "torch" else "auto")
-        return (free_heads(model) if heads == "free" else model), inputs
+                        lambda dname=dname, heads=heads, relu=relu: with_heads(
+                            mlp_workload, heads, 512, 4096, torch.bfloat16 if dname == "bf16" else torch.float32,
+                            relu_in_head=relu)))
     for heads in ("fused", "torch", "free"):
-        configs.append((f"transformer_w512_b32_s256_{heads}_heads", lambda heads=heads: tf_heads(heads)))
+        configs.append((f"transformer_w512_b32_s256_{heads}_heads",
+                        lambda heads=heads: with_heads(transformer_workload, heads, 512, 32, 256)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:

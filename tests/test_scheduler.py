@@ -455,8 +455,8 @@ def test_adaptive_decides_every_k_steps(monkeypatch):
 
 
 def test_free_heads_bound_and_summary():
-    # bench_schedule's FreeHead: the block gets a constant gradient, the head nothing; and the
-    # summary reports the bound (PyTorch-heads erase / free-heads erase) next to fused/PyTorch.
+    # study's FreeHead (bench_schedule --free-heads): the block gets a constant gradient, the head
+    # nothing; and the summary reports the bound (PyTorch-heads erase / free-heads erase) next to fused/PyTorch.
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_schedule.py")
@@ -465,7 +465,8 @@ def test_free_heads_bound_and_summary():
     spec.loader.exec_module(bs)
     torch.manual_seed(0)
     from erase_triton.models import MLPChain
-    model = bs._heads(MLPChain(16, blocks=3), "free")
+    from erase_triton.study import free_heads
+    model = free_heads(MLPChain(16, blocks=3))
     x, y = torch.randn(8, 16), torch.rand(8).round()
     with Scheduler("erase").step():
         model(x, y)
