@@ -51,11 +51,20 @@ SMALL_TILES = [dict(BLOCK_N=64, BLOCK_K=64, BLOCK_DC=64, num_warps=8, BLOCK_CW=c
                dict(PHASES=1), dict(PHASES=2)]  # the default stopped after phase A / B: phase times by difference
 
 
+def parse_set(text: str) -> dict:
+    """'K=V,K=V' -> {K: int(V)} (constexpr overrides; num_warps among them)."""
+    return {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/ce_path.csv")
     ap.add_argument("--paths", default="small,vocab,dense", help="kernels to time, comma-separated")
     ap.add_argument("--tiles", action="store_true", help="tile grid of the small-vocabulary kernel (transformer shapes)")
+    ap.add_argument("--sets", default=None,
+                    help="with --tiles: constexpr sets to time instead of the built-in grid, "
+                         "'K=V,K=V;K=V' (e.g. 'GH_T=1;BLOCK_DC=128,NUM_STAGES=2')")
+    ap.add_argument("--occupancies", default="1,0.125", help="comma-separated fractions (1: the whole device)")
     ap.add_argument("--shapes", default=None, help="N,D,C triples separated by ';' (default: the transformer's)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="h and W dtype (fp32: tf32 dots)")
     args = ap.parse_args()
@@ -64,6 +73,8 @@ def main():
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     rows = []
     shapes = [(4096, 256, 256), (8192, 512, 256)] if args.tiles else SHAPES
+    small_tiles = SMALL_TILES if args.sets is None else [parse_set(t) for t in args.sets.split(";")]
+    occs = [None if float(o) == 1.0 else float(o) for o in args.occupancies.split(",")]
     if args.shapes:
         shapes = [tuple(int(v) for v in t.split(",")) for t in args.shapes.split(";")]
     for N, D, C in shapes:
@@ -84,8 +95,8 @@ def main():
         print(rows[-1], flush=True)
         for path in (["small"] if args.tiles else args.paths.split(",")):
             use_path(path)
-            for occ in (None, 0.125):
-                tiles = DENSE_TILES if path == "dense" else ([None] + SMALL_TILES if args.tiles else [None])
+            for occ in occs:
+                tiles = DENSE_TILES if path == "dense" else ([None] + small_tiles if args.tiles else [None])
                 for t in tiles:
                     over = {}
                     if isinstance(t, dict):  # small-kernel constexprs

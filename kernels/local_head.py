@@ -548,7 +548,7 @@ def _small_ce_kernel(
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
     BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    N_CTR: tl.constexpr, PHASES: tl.constexpr, RELU: tl.constexpr,
+    N_CTR: tl.constexpr, PHASES: tl.constexpr, RELU: tl.constexpr, GH_T: tl.constexpr = False,
 ):
     # C <= 512: a row tile's logits fit in registers, so the softmax is exact in one pass (no
     # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
@@ -584,28 +584,35 @@ def _small_ce_kernel(
                                    other=0.0), RELU)
             b_w = tl.load(w_ptr + o_c[:, None] * D + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)
             b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+        # padded columns (c >= C) get -inf, with the bias in one vector add
         if HAS_BIAS:
-            b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+            b_z += tl.load(b_ptr + o_c, mask=m_c, other=float("-inf")).to(tl.float32)[None, :]
+        else:
+            b_z += tl.where(m_c, 0.0, float("-inf"))[None, :]
         # one [BLOCK_N, BLOCK_C] fp32 tile live at a time (z, then e, then dz)
         b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
         m_row = m_n & (b_t != ignore_index)
-        b_hot = o_c[None, :] == b_t[:, None]
-        b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
-        b_z = tl.where(m_c[None, :], b_z, float("-inf"))
+        b_zt = tl.sum(tl.where(o_c[None, :] == b_t[:, None], b_z, 0.0), axis=1)
         b_max = tl.max(b_z, axis=1)
         b_z = tl.exp(b_z - b_max[:, None])
         b_s = tl.sum(b_z, axis=1)
         tl.store(part_l_ptr + t + tl.arange(0, 1),
                  tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
         b_r = tl.where(m_row, scale, 0.0)
-        b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(b_hot, b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
+        b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(o_c[None, :] == b_t[:, None], b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
         # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
         tl.store(dz_ptr + o_n[:, None] * BLOCK_C + o_c[None, :], b_dz, mask=m_n[:, None])
+        if GH_T:
+            b_dzt = tl.trans(b_dz)
         for d0 in tl.range(0, D, BLOCK_DC, num_stages=NUM_STAGES):
             o_d = d0 + tl.arange(0, BLOCK_DC)
             m_d = o_d < D
-            b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
-            b_gh = _dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
+            if GH_T:
+                b_wt = tl.load(w_ptr + o_c[None, :] * D + o_d[:, None], mask=m_c[None, :] & m_d[:, None], other=0.0)
+                b_gh = tl.trans(_dot(b_wt.to(b_dz.dtype), b_dzt, DOT_FP32, PRECISION))
+            else:
+                b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+                b_gh = _dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
             if RELU:
                 b_gh = _relu_out(b_gh, tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :],
                                                mask=m_n[:, None] & m_d[None, :], other=0.0), RELU)
@@ -797,7 +804,7 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
     # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
     # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
     return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
-                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3,
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3, GH_T=False,
                 num_warps=warps)
 
 
