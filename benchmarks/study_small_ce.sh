@@ -6,7 +6,8 @@
 #    (bench_ce_path.py --tiles --sets); PHASES=1 rows time phase A alone;
 # 2. the best set at 8192,512,256 and 1/8 (what the w512 transformer's side heads run) in the graphed
 #    transformer schedule, against the default, median of 3 captures (with_blocks.py + bench_schedule.py);
-# 3. Nsight Compute source-level stall samples of the default and the best set at 1/8 (if ncu exists).
+# 3. a graphed trace of the MLP w512 b1024 tf32 (ReLU in the heads) with fused, PyTorch and zero-cost heads;
+# 4. Nsight Compute source-level stall samples of the default and the best set at 1/8 (if ncu exists).
 # SETS overrides the sets of step 1.
 set -u
 R=${1:?OUT_DIR}; mkdir -p "$R"
@@ -33,6 +34,9 @@ if [ -n "$BEST" ]; then
   timeout ${T_SCHED:-200} python3 benchmarks/with_blocks.py _small_ce_blocks "$BEST" -- benchmarks/bench_schedule.py \
     --model transformer --exec graph --captures 3 --free-heads --out "$R/sched_tf_best.csv" | grep -v "^{" | tail -8
 fi
+echo "=== trace mlp w512 b1024 tf32 $(date +%T)"
+timeout ${T_TRACE:-120} python3 -P -m erase_triton.cli trace --out "$R/trace" --only mlp_w512_b1024 --exec graph | tail -4
+rm -f "$R"/trace/trace_mlp_*.json  # chrome traces: the kernels_*.json keep the intervals
 if command -v ncu >/dev/null; then
   echo "=== ncu $(date +%T)"
   for v in default best; do

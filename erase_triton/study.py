@@ -409,7 +409,8 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     eagerly: the small transformer (overlap), a saturating MLP (nothing to overlap), and the
     w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
     tf32 dots on), and the tf32 one with the blocks' last ReLU in the heads ("_relu_in_head"); the
-    transformer w512 b32 s256 with fused, PyTorch and zero-cost heads.
+    w512 b1024 tf32 MLP (ReLU in the heads) and the transformer w512 b32 s256 with fused, PyTorch and
+    zero-cost heads.
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .plots import plot_timeline
 
@@ -428,6 +429,10 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
                         lambda dname=dname, heads=heads, relu=relu: with_heads(
                             mlp_workload, heads, 512, 4096, torch.bfloat16 if dname == "bf16" else torch.float32,
                             relu_in_head=relu)))
+    # w512 b1024 tf32 with the ReLU in the heads: latency-bound, fused heads 1.11x PyTorch heads, bound 1.16
+    for heads in ("fused", "torch", "free"):
+        configs.append((f"mlp_w512_b1024_tf32_{heads}_heads_relu_in_head",
+                        lambda heads=heads: with_heads(mlp_workload, heads, 512, 1024, torch.float32, relu_in_head=True)))
     for heads in ("fused", "torch", "free"):
         configs.append((f"transformer_w512_b32_s256_{heads}_heads",
                         lambda heads=heads: with_heads(transformer_workload, heads, 512, 32, 256)))
