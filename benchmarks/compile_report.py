@@ -27,7 +27,7 @@ from erase_triton.kernels import local_head as lh  # noqa: E402
 
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype)
-_PTRS = {"h_ptr": "h", "w_ptr": "h", "b_ptr": "h", "y_ptr": "i64", "gh_ptr": "h", "gw_ptr": "h", "gb_ptr": "h",
+_PTRS = {"h_ptr": "h", "w_ptr": "h", "b_ptr": "h", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "h", "gb_ptr": "h",
          "loss_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 

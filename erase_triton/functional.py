@@ -121,12 +121,12 @@ _FAST_MAX = 1024
 
 
 def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index, config, accumulate,
-               activation):
+               activation, act_out):
     key = (h.shape, h.stride(), h.dtype, h.get_device(), h.data_ptr() & 15,
            weight.shape, weight.stride(), weight.dtype, weight.get_device(), weight.data_ptr() & 15,
            target.shape, target.stride(), target.dtype, target.get_device(), target.data_ptr() & 15,
            grad_weight.stride(), grad_weight.dtype, grad_weight.get_device(), grad_weight.data_ptr() & 15,
-           loss, reduction, ignore_index, id(config), accumulate, activation,
+           loss, reduction, ignore_index, id(config), accumulate, activation, act_out is not None,
            torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32(), torch._C._get_deterministic_algorithms())
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() & 15,
@@ -135,20 +135,35 @@ def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction,
 
 
 def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, backend, config,
-                    grad_weight, grad_bias, accumulate, activation=None):
-    """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h)."""
+                    grad_weight, grad_bias, accumulate, activation=None, act_out=None):
+    """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h).
+    act_out (with activation="relu"): a contiguous tensor like h that receives relu(h), written
+    by the kernel as it reads h where the kernel can (dense and small CE), else by torch.relu."""
     key = None
     if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
         key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,
-                         config, accumulate, activation)
+                         config, accumulate, activation, act_out)
         hit = _FAST.get(key)
         if hit is not None:  # same signature as a checked, prepared call
-            return hit[0](h, weight, bias, target, grad_weight, grad_bias)
+            hl = hit[0]
+            out = hl(h, weight, bias, target, grad_weight, grad_bias, act_out)
+            if act_out is not None and not hl.store_act:
+                torch.clamp_min(h.detach(), 0, out=act_out)
+            return out
     check_activation(activation)
+    if act_out is not None:
+        if activation != "relu":
+            _fail(f"act_out needs activation='relu', got activation={activation!r}")
+        if act_out.shape != h.shape or act_out.dtype != h.dtype or act_out.device != h.device \
+                or not act_out.is_contiguous():
+            _fail(f"act_out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)} on {h.device}, got "
+                  f"{act_out.dtype} {tuple(act_out.shape)} on {act_out.device}")
     N, D, C = check_args(h, weight, bias, target, loss, reduction)
     if N == 0 or not use_triton(h, backend):
         r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index,
                                  activation=activation)
+        if act_out is not None:
+            torch.clamp_min(h.detach(), 0, out=act_out)
         if accumulate:
             grad_weight.add_(r.grad_weight)
             if grad_bias is not None:
@@ -173,7 +188,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     if grad_bias is not None and not grad_bias.is_contiguous():
         _fail(f"grad_bias must be a contiguous tensor, got strides {grad_bias.stride()}")
     hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias, accumulate,
-                        relu=activation == "relu")
+                        relu=activation == "relu", store_act=act_out is not None)
     # Only signatures whose tensors the kernel can read in place (no copy above) are
     # cached; the launch then takes the caller's tensors as they are.
     if key is not None and h2.data_ptr() == h.data_ptr() and y.data_ptr() == target.data_ptr() and w is weight \
@@ -181,7 +196,9 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
         _FAST[key] = (hl, config)  # holding config keeps id(config) in the key unique
-    loss_t, grad_h = hl(h2, w, b, y, grad_weight, grad_bias)
+    loss_t, grad_h = hl(h2, w, b, y, grad_weight, grad_bias, act_out)
+    if act_out is not None and not hl.store_act:
+        torch.clamp_min(h2, 0, out=act_out.view(h2.shape))
     return loss_t, grad_h.view(h.shape)
 
 

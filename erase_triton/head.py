@@ -127,25 +127,29 @@ class LocalHead(nn.Module):
         mode = sched.mode if sched is not None else "sequential"
         if mode == "e2e" and not self.final:
             return self.act(h)
-        a = None
-        if self.activation is not None:
-            if use_triton(h, self.backend):
-                # relu(x) for the next block, queued before the detach point's event; the
-                # head's kernel back-propagates through it (apply_loss)
-                a = torch.relu(h.detach())
-            else:
-                h = self.act(h)
+        if self.activation is not None and not use_triton(h, self.backend):
+            h = self.act(h)  # PyTorch heads: the ReLU as an autograd op
         if sched is not None:
-            return sched.detach_point(self, h, target, a)
-        return self.apply_loss(h, target, act=a)
+            return sched.detach_point(self, h, target)
+        return self.apply_loss(h, target)
+
+    def early_act(self, h: torch.Tensor) -> torch.Tensor | None:
+        """relu(h) as its own launch, for a fused head with activation="relu" whose next segment
+        runs beside it: the scheduler queues it before the detach point's event, so the next
+        segment does not wait for the head's kernel. None for any other head."""
+        if self.activation is not None and use_triton(h, self.backend):
+            return torch.relu(h.detach())
+        return None
 
     def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False,
                    act: torch.Tensor | None = None) -> torch.Tensor:
         """Fused loss + grads on the current stream; backward into h's producer; returns h.detach().
         beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the
         grid, for inputs below WHOLE_DEVICE_MIN_ELEMENTS: `launch_config`).
-        act: relu(h), computed by forward for a fused head with activation="relu": the loss
-        reads it, the gradient goes to h through the ReLU, and act is returned."""
+        act: relu(h) already computed (`early_act`, for a head beside the next segment): the
+        kernel reads it, the gradient goes to h through the ReLU, and act is returned. Without
+        it a fused head with activation="relu" reads h and its kernel writes relu(h) as it goes
+        (dense and small CE kernels): no separate ReLU launch ahead of a head nothing runs beside."""
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
@@ -173,11 +177,14 @@ class LocalHead(nn.Module):
                 gb.zero_()
             acc_w = acc_b = True
         hd = h.detach() if act is None else act
+        out = hd
+        if act is None and self.activation is not None:
+            out = torch.empty_like(hd, memory_format=torch.contiguous_format)  # relu(h), from the kernel
         loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
                                        loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
                                        backend=self.backend, config=self.launch_config(hd, beside),
                                        grad_weight=gw, grad_bias=gb, accumulate=acc_w,
-                                       activation=None if act is None else "relu")
+                                       activation=self.activation, act_out=None if out is hd else out)
         if w.grad is None and w.requires_grad:  # a frozen head keeps .grad None
             w.grad = gw
         if b is not None and b.grad is None and b.requires_grad:
@@ -185,4 +192,4 @@ class LocalHead(nn.Module):
         self.last_loss = loss
         if h.requires_grad:
             torch.autograd.backward(h, grad_h)
-        return hd
+        return out

@@ -297,14 +297,13 @@ class Scheduler:
         ev = self._events.get(("end", 0))
         return ev is None or ev.query()
 
-    def detach_point(self, head, h: torch.Tensor, target: torch.Tensor, act=None) -> torch.Tensor:
-        """Called by LocalHead.forward inside step(): backward now, next segment elsewhere.
-        act: the head's activation of h, already queued (what the next segment reads)."""
+    def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
         seg = self._seg
         if self.mode != "erase" or self._seq_step:
             self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
             self._seg += 1
-            return _labelled(head, h, target, seg, act=act)
+            return _labelled(head, h, target, seg)
         plan = self._plan
         key = (id(head), seg)
         leaves = self._leaf_cache.get(key)
@@ -323,10 +322,12 @@ class Scheduler:
         self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
         self._seg, self._k = nxt, nk
         if not streams:
-            return _labelled(head, h, target, seg, act=act)
+            return _labelled(head, h, target, seg)
         cur = self._streams[k]
         for j in after:
             cur.wait_event(self._bwd_events[j])
+        # what the next segment reads (a fused ReLU head's activation) is queued before its event
+        act = None if head.final else head.early_act(h)
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
         out = _labelled(head, h, target, seg, beside=not head.final, act=act)

@@ -167,15 +167,18 @@ class FreeHead(LocalHead):
     """The bound on what any head implementation can buy: a head that costs nothing. It
     back-propagates a constant gradient into its block (no logits, no loss, no head grads),
     so a step with FreeHeads is the step's time with the heads' work removed. With
-    activation="relu" its constant gradient goes to the ReLU's input, as the fused head's does."""
+    activation="relu" its constant gradient goes to the ReLU's input, as the fused head's does,
+    and it returns relu(h) from its own launch (queued before the backward, as session 11's
+    bound had it)."""
 
     def apply_loss(self, h, target, beside=False, act=None):
+        out = act if act is not None else self.act(h.detach())
         g = getattr(self, "_free_grad", None)
         if g is None or g.shape != h.shape or g.dtype != h.dtype:
             g = self._free_grad = torch.full_like(h, 1e-4)
         if h.requires_grad:
             torch.autograd.backward(h, g)
-        return h.detach() if act is None else act
+        return out
 
 
 def free_heads(model):

@@ -206,6 +206,7 @@ def _dense_head_kernel(
     b_ptr,        # [C] head bias (unused without HAS_BIAS)
     y_ptr,        # targets: float [N, C] (bce, mse) or int [N] (ce), contiguous
     gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    act_ptr,      # [N, D] out: relu(h), contiguous, h's dtype (STORE_ACT only)
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b, bias's dtype
     loss_ptr,     # [1] out: loss, fp32
@@ -218,11 +219,12 @@ def _dense_head_kernel(
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, STRIDED: tl.constexpr,
     ACC_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
-    RELU: tl.constexpr,
+    RELU: tl.constexpr, STORE_ACT: tl.constexpr = False,
 ):
     # RELU: the head reads relu(h) (every h load goes through _relu_in) and grad_h is the
     # gradient at the ReLU's input (masked where h <= 0), so the block's own ReLU backward
-    # is not needed.
+    # is not needed. STORE_ACT: relu(h) is also written out (for a head nothing runs beside:
+    # no separate ReLU launch before it).
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
@@ -267,6 +269,8 @@ def _dense_head_kernel(
             if SINGLE_CHUNK:
                 m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
                 b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
+                if STORE_ACT:
+                    tl.store(act_ptr + o_n[:, None] * D + o_d1[None, :], b_h1, mask=m_h1)
                 if BLOCK_C == 1:
                     b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                 else:
@@ -278,6 +282,8 @@ def _dense_head_kernel(
                     m_d = o_d < D
                     b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
                                            other=0.0), RELU)
+                    if STORE_ACT:
+                        tl.store(act_ptr + o_n[:, None] * D + o_d[None, :], b_h, mask=m_n[:, None] & m_d[None, :])
                     b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
                     if BLOCK_C == 1:
                         b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
@@ -406,6 +412,7 @@ def _vocab_ce_kernel(
     b_ptr,        # [C] head bias (unused without HAS_BIAS)
     y_ptr,        # [N] int targets (ignore_index skips a row)
     gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    act_ptr,      # [N, D] out: relu(h), contiguous, h's dtype (STORE_ACT only)
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
@@ -535,6 +542,7 @@ def _small_ce_kernel(
     b_ptr,        # [C] head bias (unused without HAS_BIAS)
     y_ptr,        # [N] int targets (ignore_index skips a row)
     gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    act_ptr,      # [N, D] out: relu(h), contiguous, h's dtype (STORE_ACT only)
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
@@ -549,6 +557,7 @@ def _small_ce_kernel(
     BLOCK_CW: tl.constexpr, BLOCK_DW: tl.constexpr, BLOCK_KW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     N_CTR: tl.constexpr, PHASES: tl.constexpr, RELU: tl.constexpr, GH_T: tl.constexpr = False,
+    STORE_ACT: tl.constexpr = False,
 ):
     # C <= 512: a row tile's logits fit in registers, so the softmax is exact in one pass (no
     # online max, no recomputed logits). Phase A: per row tile, z = h W^T (pipelined over D),
@@ -582,6 +591,8 @@ def _small_ce_kernel(
             m_k = o_k < D
             b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                                    other=0.0), RELU)
+            if STORE_ACT:
+                tl.store(act_ptr + o_n[:, None] * D + o_k[None, :], b_h, mask=m_n[:, None] & m_k[None, :])
             b_w = tl.load(w_ptr + o_c[:, None] * D + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)
             b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
         # padded columns (c >= C) get -inf, with the bias in one vector add
@@ -790,8 +801,10 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
     if cuda:
         # phase A: 64-row tiles, K chunks of 64 (logits) and D chunks of 64 (grad_h), both
         # pipelined 3 deep; phase B: [128, 128] grad_W tiles over 64-row steps. ptxas, sm_90a,
-        # C=256 D=512 (benchmarks/compile_report.py): bf16 241 registers, no spills, 136 KB
+        # C=256 D=512 (benchmarks/compile_report.py): bf16 238 registers, no spills, 136 KB
         # shared; fp32 needs chunks of 32 to fit (234 registers, 168 KB; with 64: 272 KB).
+        # 128-row tiles (m64n256 wgmmas, half the W traffic) spill 376 bytes and run 12% faster
+        # at 1/8 but 34% slower on the whole device (half as many tiles): not taken.
         chunk = 64 if esize <= 2 else 32
         # C in (256, 512]: 32-row tiles keep the logits at 64 registers a thread
         bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
@@ -803,9 +816,14 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
         warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
     # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
     # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
+    # GH_T (16-bit inputs, C <= 256): grad_h^T = W^T dz^T, with dz^T written to shared memory once
+    # a tile as wgmma's B operand; otherwise dz is the register operand, reloaded from shared
+    # memory every D chunk. H200, bf16, C=256 (ce_small_sets_s12a.csv): N=8192 D=512 198 -> 183 µs
+    # at 1/8 (phase A 151 -> 134), 41.0 -> 40.1 µs whole device; N=4096 D=256 73.1 -> 69.6 and
+    # 30.0 -> 29.2. tf32 has no transposed shared-memory operand for wgmma (GH_T falls back to mma v2).
     return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
-                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3, GH_T=False,
-                num_warps=warps)
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3,
+                GH_T=esize <= 2 and block_c <= 256, num_warps=warps)
 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
@@ -842,8 +860,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
-          deterministic: bool = True, relu: bool = False) -> _Plan:
-    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, relu, deterministic)
+          deterministic: bool = True, relu: bool = False, store_act: bool = False) -> _Plan:
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, relu, store_act,
+           deterministic)
     p = _PLANS.get(key)
     if p is not None:
         return p
@@ -855,8 +874,10 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     else:
         blk = _vocab_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
+    # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
+    # kernel reads h once per vocabulary tile and has no such output (the caller applies the ReLU)
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
-              RELU=relu, **blk)
+              RELU=relu, STORE_ACT=store_act and kind != "vocab", **blk)
     if kind == "dense":
         cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
         kernel = _dense_head_kernel
@@ -890,10 +911,12 @@ class HeadLaunch:
     """
 
     __slots__ = ("plan", "device", "index", "n_buf", "n_acc", "P", "ints", "cx", "loss_like",
-                 "has_bias", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
+                 "has_bias", "store_act", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
 
-    def __call__(self, h, weight, bias, y, grad_weight, grad_bias):
+    def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         """h: the rows with the strides this launch was prepared for (any leading shape).
+        act: [N, D] contiguous like h, written with relu(h) when `store_act` (prepared with
+        store_act=True and a kernel that has the output); otherwise left alone.
         Returns (loss, grad_h contiguous, shaped like h)."""
         dev = self.device
         if self.raw is not None:
@@ -912,13 +935,15 @@ class HeadLaunch:
             buf.fill_(float("nan"))
         if not self.has_bias:
             bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
+        if not self.store_act:
+            act = grad_h  # unused pointer (STORE_ACT=False)
         if self.raw is None:
-            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
+            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
                                         *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
-                     grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
+                     act.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
                      acc.data_ptr(), ws.ctr.data_ptr(), *self.ints, *self.cx)
         return loss_out, grad_h
 
@@ -939,9 +964,11 @@ def _direct_launcher(hl: HeadLaunch, compiled) -> None:
 
 
 def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
-                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False) -> HeadLaunch:
+                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False,
+                   store_act: bool = False) -> HeadLaunch:
     """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
-    relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input."""
+    relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
+    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -957,7 +984,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
     plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
-                 relu)
+                 relu, store_act and relu)
     cx = plan.constexprs
     if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"]:
         # a static tile split needs no claims only where no grid barrier waits on other programs
@@ -970,7 +997,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
 
     def args(P, G, tpg, inv_count):
         # warm-up arguments: dtypes stand for library-allocated (aligned) outputs and scratch
-        return (h2, weight, b_arg, y, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, torch.float32, ws.ctr,
+        return (h2, weight, b_arg, y, h2.dtype, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, torch.float32, ws.ctr,
                 N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
 
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
@@ -1020,6 +1047,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     hl.plan, hl.device = plan, dev
     hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
     hl.n_buf, hl.n_acc, hl.P, hl.has_bias, hl.cx = n_buf, n_acc, P, has_bias, tuple(cx.values())
+    hl.store_act = bool(cx.get("STORE_ACT", False))
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
     hl.raw = hl.compiled = None
     if cuda:

@@ -111,6 +111,42 @@ def test_relu_activation_matches_reference(loss, N, D, C, dt, bias, occupancy, d
     assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else "vocab"}
 
 
+@pytest.mark.parametrize("loss,N,D,C,dt,bias,occupancy,det", RELU + [("mse", 63, 130, 17, "fp32", True, None, True)],
+                         ids=[f"{c[0]}-N{c[1]}-D{c[2]}-C{c[3]}-{c[4]}" for c in RELU] + ["mse-chunked"])
+def test_relu_act_out(loss, N, D, C, dt, bias, occupancy, det, device):
+    # act_out: the dense and small CE kernels write relu(h) as they read h (STORE_ACT), the
+    # vocabulary kernel leaves it to torch.relu; either way act_out == relu(h) exactly, and the
+    # loss and gradients are those of the same launch without it
+    h, w, b, y = make(loss, N, D, C, DTYPES[dt], bias, device)
+    cfg = LaunchConfig(occupancy=occupancy, deterministic=det, block_d=32 if D == 130 and C == 17 else None)
+    outs = []
+    for act in (None, torch.full_like(h, float("nan"))):
+        klh._PLANS.clear()
+        gw, gb = torch.empty_like(w), torch.empty_like(b) if bias else None
+        loss_t, gh = local_head_into(h, w, b, y, loss=loss, reduction="mean", ignore_index=-100, backend="triton",
+                                     config=cfg, grad_weight=gw, grad_bias=gb, accumulate=False, activation="relu",
+                                     act_out=act)
+        outs.append((loss_t, gh, gw, gb))
+    kind = {p.kind for p in klh._PLANS.values()}.pop()
+    assert {p.constexprs.get("STORE_ACT", False) for p in klh._PLANS.values()} == {kind != "vocab"}
+    assert torch.equal(act, torch.relu(h)), "act_out != relu(h)"
+    for a, c in zip(outs[0], outs[1]):
+        if a is not None:
+            torch.testing.assert_close(c, a, rtol=0, atol=0)
+
+
+def test_act_out_checks(device):
+    h, w, b, y = make("bce", 8, 16, 1, torch.float32, True, device)
+    kw = dict(loss="bce", reduction="mean", ignore_index=-100, backend="triton", config=LaunchConfig(),
+              grad_weight=torch.empty_like(w), grad_bias=torch.empty_like(b), accumulate=False)
+    with pytest.raises(ValueError, match="act_out needs activation='relu'"):
+        local_head_into(h, w, b, y, act_out=torch.empty_like(h), **kw)
+    with pytest.raises(ValueError, match="act_out must be a contiguous torch.float32 tensor of shape"):
+        local_head_into(h, w, b, y, activation="relu", act_out=torch.empty_like(h, dtype=torch.bfloat16), **kw)
+    with pytest.raises(ValueError, match="act_out must be a contiguous"):
+        local_head_into(h, w, b, y, activation="relu", act_out=torch.empty(16, 8, device=device).t(), **kw)
+
+
 def test_relu_chunked_dense_head(device):
     # a weight wider than one tile: the dense kernel's D-chunk loops (both h loads, both stores)
     check("mse", 63, 130, 17, torch.float32, True, None, device, config=LaunchConfig(block_d=32),
