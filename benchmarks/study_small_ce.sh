@@ -45,7 +45,8 @@ if command -v ncu >/dev/null; then
       --section SpeedOfLight --section WarpStateStats --section SourceCounters -f -o "$R/ncu_$v" \
       python3 $pre benchmarks/ncu_head.py --occupancy 0.125 >/dev/null 2>&1
     ncu -i "$R/ncu_$v.ncu-rep" --page source --csv --print-source sass > "$R/ncu_${v}_sass.csv" 2>&1 || true
-    ncu -i "$R/ncu_$v.ncu-rep" --page details > "$R/ncu_${v}.txt" 2>&1 || true
+    { python3 benchmarks/ncu_ledger.py "$R/ncu_${v}_sass.csv" 45; echo; ncu -i "$R/ncu_$v.ncu-rep" --page details; } \
+      > "$R/ncu_${v}.txt" 2>&1 || true
     rm -f "$R/ncu_$v.ncu-rep"
   done
 fi
