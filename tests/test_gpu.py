@@ -389,10 +389,19 @@ def test_relu_in_head_skips_the_relu_backward(relu_in_head, relu_backwards):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert sum("threshold" in n for n in names) == relu_backwards, [n for n in names if "threshold" in n]
-    # ReLU forwards (clamp_min kernels): 12 in the blocks, or 6 in the blocks + 5 side heads' early_act
-    # (the next segment reads them); the final head's kernel writes its relu(h) itself
+    # ReLU forwards (clamp_min kernels): 12 in the blocks, or 6 in the blocks + one for each head
+    # that ran beside the next segment (early_act: the next segment reads it); a head nothing runs
+    # beside (the final head; any head when the step does not fork) writes relu(h) in its kernel
+    sched = Scheduler("erase", adaptive=False)  # forks at every detach point
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model.zero_grad(set_to_none=True)
+        with sched.step():
+            model(x, y)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sched.last_forks == 5
     relu_forwards = sum("clamp" in n for n in names)
-    assert relu_forwards == (11 if relu_in_head else 12), [n for n in names if "elementwise" in n]
+    assert relu_forwards == (6 + 5 if relu_in_head else 12), [n for n in names if "elementwise" in n]
     if relu_in_head:
         torch.manual_seed(0)
         other = mlp_chain(256)

@@ -130,9 +130,11 @@ def test_relu_act_out(loss, N, D, C, dt, bias, occupancy, det, device):
     kind = {p.kind for p in klh._PLANS.values()}.pop()
     assert {p.constexprs.get("STORE_ACT", False) for p in klh._PLANS.values()} == {kind != "vocab"}
     assert torch.equal(act, torch.relu(h)), "act_out != relu(h)"
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=0)  # grad_h: per row, no reduction
+    exact = det or device.type == "cpu"  # float atomics on the GPU: the sums' last bits follow timing
     for a, c in zip(outs[0], outs[1]):
         if a is not None:
-            torch.testing.assert_close(c, a, rtol=0, atol=0)
+            torch.testing.assert_close(c, a, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
 
 
 def test_act_out_checks(device):
