@@ -138,7 +138,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                     grad_weight, grad_bias, accumulate, activation=None, act_out=None):
     """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h).
     act_out (with activation="relu"): a contiguous tensor like h that receives relu(h), written
-    by the kernel as it reads h where the kernel can (dense and small CE), else by torch.relu."""
+    by the kernel as it reads h where the kernel can (dense and small CE), else by torch.clamp_min."""
     key = None
     if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
         key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,

@@ -10,7 +10,9 @@ into identities; "erase" moves the backward onto the segment's stream).
 ``activation="relu"`` takes over the block's last ReLU: the block ends at the
 pre-activation x, the head returns relu(x) for the next block and computes its loss
 on relu(x), and the fused kernel writes the gradient at x directly (zero where
-x <= 0), so the ReLU's own backward pass never runs.
+x <= 0), so the ReLU's own backward pass never runs. relu(x) itself is a separate
+launch only for a head beside the next segment (`early_act`); otherwise the head's
+kernel writes it as it reads x.
 """
 from __future__ import annotations
 
@@ -143,7 +145,8 @@ class LocalHead(nn.Module):
 
     def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False,
                    act: torch.Tensor | None = None) -> torch.Tensor:
-        """Fused loss + grads on the current stream; backward into h's producer; returns h.detach().
+        """Fused loss + grads on the current stream; backward into h's producer; returns what the
+        next block reads: h.detach(), or relu(h) with activation="relu".
         beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the
         grid, for inputs below WHOLE_DEVICE_MIN_ELEMENTS: `launch_config`).
         act: relu(h) already computed (`early_act`, for a head beside the next segment): the
