@@ -7,11 +7,13 @@ transformer's head shapes, on the whole device and at occupancy 1/8 (beside the 
     python benchmarks/bench_ce_path.py [--out benchmarks/results/ce_path.csv] [--paths small,vocab,dense]
                                        [--shapes "N,D,C;N,D,C"] [--dtype bf16|fp32]
     python benchmarks/bench_ce_path.py --tiles --out benchmarks/results/ce_small_tiles.csv
+    python benchmarks/bench_ce_path.py --tiles --sets "GH_T=0;BLOCK_N=128,NUM_STAGES=2" --occupancies 0.125
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us). Every
 variant is checked against the float64 reference first. --tiles: a tile grid of the
 small-vocabulary kernel (phase A row tile and chunks, phase B output tile, warps, stages)
 at the transformer's head shapes; benchmarks/compile_report.py shows which sets spill.
+--sets replaces that grid with the given constexpr sets (study_small_ce.sh).
 """
 from __future__ import annotations
 
