@@ -115,7 +115,7 @@ def test_relu_activation_matches_reference(loss, N, D, C, dt, bias, occupancy, d
                          ids=[f"{c[0]}-N{c[1]}-D{c[2]}-C{c[3]}-{c[4]}" for c in RELU] + ["mse-chunked"])
 def test_relu_act_out(loss, N, D, C, dt, bias, occupancy, det, device):
     # act_out: the dense and small CE kernels write relu(h) as they read h (STORE_ACT), the
-    # vocabulary kernel leaves it to torch.relu; either way act_out == relu(h) exactly, and the
+    # vocabulary kernel leaves it to torch.clamp_min; either way act_out == relu(h) exactly, and the
     # loss and gradients are those of the same launch without it
     h, w, b, y = make(loss, N, D, C, DTYPES[dt], bias, device)
     cfg = LaunchConfig(occupancy=occupancy, deterministic=det, block_d=32 if D == 130 and C == 17 else None)
@@ -163,6 +163,7 @@ def test_ce_vocab_large_rows(device):
 # The small-vocabulary CE kernel (64 < C <= 512): odd and full class counts, every dtype,
 # ignored rows, with and without bias, and row groups (split-K phase B + phase R) where N is
 # long enough (1100 rows under the interpreter: 9 row blocks of 128, 2 groups at occupancy 1/2).
+# 16-bit inputs with C <= 256 take the grad_h^T = W^T dz^T form (GH_T), the others dz W.
 SMALL_CE = [(63, 50, 65, "fp32", True, None, "mean"), (781, 130, 130, "bf16", False, 1 / 32, "mean"),
             (1100, 64, 256, "fp16", True, 0.5, "mean"), (1100, 48, 200, "fp32", False, 0.5, "sum"),
             (1, 130, 100, "bf16", True, None, "sum"), (300, 40, 300, "fp32", True, None, "mean"),
@@ -176,6 +177,7 @@ def test_small_ce_kernel_matches_reference(N, D, C, dt, bias, occupancy, reducti
     check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction,
           config=LaunchConfig(occupancy=occupancy))
     assert {p.kind for p in klh._PLANS.values()} == {"small"}
+    assert {p.constexprs["GH_T"] for p in klh._PLANS.values()} == {dt != "fp32" and C <= 256}
 
 
 def test_small_ce_kernel_splits_rows_into_groups(device):
