@@ -124,12 +124,12 @@ def _leaves_of(t: torch.Tensor) -> frozenset:
     return frozenset(out)
 
 
-def _labelled(head, h, target, seg: int, beside: bool = False, act=None):
+def _labelled(head, h, target, seg: int, beside: bool = False, act=None, side=None):
     """head.apply_loss, inside a profiler range when a profiler runs (for trace timelines)."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(f"erase::backward {seg}"):
-            return head.apply_loss(h, target, beside, act=act)
-    return head.apply_loss(h, target, beside, act=act)
+            return head.apply_loss(h, target, beside, act=act, side=side)
+    return head.apply_loss(h, target, beside, act=act, side=side)
 
 
 class Scheduler:
@@ -177,6 +177,7 @@ class Scheduler:
         self.adaptive = adaptive
         self.device = device
         self._streams: list = []
+        self._side = None  # the final head's second launch (grad_W, grad_b, loss), joined with the ring
         self._stream_prio: list = []  # the priority each ring stream was asked for (torch may clamp it)
         self._used = None             # ring streams the last forking step used ("tail" priorities)
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
@@ -329,13 +330,15 @@ class Scheduler:
         # what the next segment reads (a fused ReLU head's activation) is queued before its event
         act = None if head.final else head.early_act(h)
         fwd_done = self._record("fwd", seg, cur)
-        # head kernel + block backward, queued on `cur`, beside the next segment's forward
-        out = _labelled(head, h, target, seg, beside=not head.final, act=act)
+        # head kernel + block backward, queued on `cur`, beside the next segment's forward. The final
+        # head's block backward waits only for its grad_h: its grad_W, grad_b and loss go to `side`
+        side = self._side_stream() if head.final else None
+        out = _labelled(head, h, target, seg, beside=not head.final, act=act, side=side)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
-            # so the caller's stream joins the ring here rather than at exit.
-            self._join()
-            self._keep.append(out)
+            # so the caller's stream joins the ring (and the side stream) here rather than at exit.
+            self._keep += [out, h, target]  # read on `side` until the join
+            self._join(side)
             return out
         self._bwd_events[seg] = self._record("bwd", seg, cur)
         if nk != k:
@@ -347,11 +350,18 @@ class Scheduler:
             torch.cuda.set_stream(s_next)
         return out
 
-    def _join(self):
-        """The caller's stream waits for every ring stream this step forked, and becomes current."""
+    def _side_stream(self):
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self._cuda_device)
+        return self._side
+
+    def _join(self, side=None):
+        """The caller's stream waits for every ring stream this step forked (and `side`), and becomes current."""
         for k in sorted(self._forked):
             self._caller.wait_event(self._record("join", k, self._ring_stream(k)))
             self.last_trace.append(("join", k))
+        if side is not None:
+            self._caller.wait_event(self._record("join", "side", side))
         self._forked = set()
         torch.cuda.set_stream(self._caller)
 
