@@ -153,10 +153,10 @@ class LocalHead(nn.Module):
         kernel reads it, the gradient goes to h through the ReLU, and act is returned. Without
         it a fused head with activation="relu" reads h and its kernel writes relu(h) as it goes
         (dense and small CE kernels): no separate ReLU launch ahead of a head nothing runs beside.
-        side: a CUDA stream (the scheduler's, for the final head): a head `splittable` allows runs
-        as two launches, grad_h on the current stream (the block's backward waits only for it)
-        and grad_W, grad_b and the loss on `side`, which the caller must join (and keep h and
-        target alive until then)."""
+        side: a `scheduler.SideStream` (the scheduler's, for the final head): a head `splittable`
+        allows runs as two launches, grad_h on the current stream (the block's backward waits only
+        for it) and grad_W, grad_b and the loss on `side.fork()`'s stream, which the caller joins
+        if `side.used` (keeping h and target alive until then)."""
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
@@ -193,8 +193,7 @@ class LocalHead(nn.Module):
         args = (hd, w.detach(), b.detach() if b is not None else None, target)
         if side is not None and splittable(self.loss, self.reduction, self.out_features, self.in_features, kw["config"]):
             _, grad_h = local_head_into(*args, act_out=None if out is hd else out, part=1, **kw)
-            side.wait_stream(torch.cuda.current_stream(hd.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side.fork()):
                 loss, _ = local_head_into(*args, part=2, **kw)
         else:
             loss, grad_h = local_head_into(*args, act_out=None if out is hd else out, **kw)

@@ -132,6 +132,22 @@ def _labelled(head, h, target, seg: int, beside: bool = False, act=None, side=No
     return head.apply_loss(h, target, beside, act=act, side=side)
 
 
+class SideStream:
+    """A stream beside the final segment's, for work nothing in the step waits for until the
+    optimizer (the final head's grad_W, grad_b and loss). `fork()` makes it wait for the current
+    stream's work so far and marks it used; the scheduler joins it into the caller's stream only
+    when it was used (a join on an unused stream would wait on an event outside a graph capture)."""
+
+    def __init__(self, device):
+        self.stream = torch.cuda.Stream(device=device)
+        self.used = False
+
+    def fork(self):
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        self.used = True
+        return self.stream
+
+
 class Scheduler:
     """Runs LocalHead detach points in one of MODES; see the module docstring.
 
@@ -337,8 +353,8 @@ class Scheduler:
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring (and the side stream) here rather than at exit.
-            self._keep += [out, h, target]  # read on `side` until the join
-            self._join(side)
+            self._keep += [out, h, target]  # read on the side stream until the join
+            self._join(side.stream if side.used else None)
             return out
         self._bwd_events[seg] = self._record("bwd", seg, cur)
         if nk != k:
@@ -350,9 +366,10 @@ class Scheduler:
             torch.cuda.set_stream(s_next)
         return out
 
-    def _side_stream(self):
+    def _side_stream(self) -> SideStream:
         if self._side is None:
-            self._side = torch.cuda.Stream(device=self._cuda_device)
+            self._side = SideStream(self._cuda_device)
+        self._side.used = False
         return self._side
 
     def _join(self, side=None):

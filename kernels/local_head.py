@@ -30,6 +30,7 @@ resets them, so consecutive launches on one stream need no memset.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -870,6 +871,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=256)
 def splittable(loss: str, reduction: str, C: int, D: int, cfg: LaunchConfig) -> bool:
     """Whether a head can run as two launches, grad_h first (`prepare_launch(part=1)`) and grad_W,
     grad_b and the loss second (`part=2`): the dense kernel with whole rows in one tile (BCE/MSE
