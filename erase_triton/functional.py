@@ -14,7 +14,7 @@ import torch
 
 from erase_triton.kernels.launch import LaunchConfig, interpreting
 from erase_triton.kernels import local_head as _klh
-from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, prepare_launch, splittable
+from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, prepare_launch
 
 from . import reference
 from .reference import LocalHeadResult
@@ -121,12 +121,12 @@ _FAST_MAX = 1024
 
 
 def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index, config, accumulate,
-               activation, act_out, part):
+               activation, act_out):
     key = (h.shape, h.stride(), h.dtype, h.get_device(), h.data_ptr() & 15,
            weight.shape, weight.stride(), weight.dtype, weight.get_device(), weight.data_ptr() & 15,
            target.shape, target.stride(), target.dtype, target.get_device(), target.data_ptr() & 15,
            grad_weight.stride(), grad_weight.dtype, grad_weight.get_device(), grad_weight.data_ptr() & 15,
-           loss, reduction, ignore_index, id(config), accumulate, activation, act_out is not None, part,
+           loss, reduction, ignore_index, id(config), accumulate, activation, act_out is not None,
            torch._C._cuda_getDevice(), torch._C._get_cublas_allow_tf32(), torch._C._get_deterministic_algorithms())
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() & 15,
@@ -135,17 +135,14 @@ def _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction,
 
 
 def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, backend, config,
-                    grad_weight, grad_bias, accumulate, activation=None, act_out=None, part=0):
+                    grad_weight, grad_bias, accumulate, activation=None, act_out=None):
     """Core entry: writes/accumulates into grad_weight/grad_bias; returns (loss, grad_h).
     act_out (with activation="relu"): a contiguous tensor like h that receives relu(h), written
-    by the kernel as it reads h where the kernel can (dense and small CE), else by torch.clamp_min.
-    part (a head `splittable` says can be split, Triton backend): 1 computes grad_h (and act_out)
-    only and returns (None, grad_h); 2 computes grad_weight, grad_bias and the loss only and
-    returns (loss, None). Together they are part 0, the whole head in one launch."""
+    by the kernel as it reads h where the kernel can (dense and small CE), else by torch.clamp_min."""
     key = None
     if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
         key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,
-                         config, accumulate, activation, act_out, part)
+                         config, accumulate, activation, act_out)
         hit = _FAST.get(key)
         if hit is not None:  # same signature as a checked, prepared call
             hl = hit[0]
@@ -154,10 +151,6 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                 torch.clamp_min(h.detach(), 0, out=act_out)
             return out
     check_activation(activation)
-    if part not in (0, 1, 2):
-        _fail(f"part must be 0 (the whole head), 1 (grad_h) or 2 (grad_weight, grad_bias, loss), got {part!r}")
-    if part == 2 and act_out is not None:
-        _fail("act_out comes with part 0 or 1 (the launch that writes grad_h), got part=2")
     if act_out is not None:
         if activation != "relu":
             _fail(f"act_out needs activation='relu', got activation={activation!r}")
@@ -166,16 +159,11 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
             _fail(f"act_out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)} on {h.device}, got "
                   f"{act_out.dtype} {tuple(act_out.shape)} on {act_out.device}")
     N, D, C = check_args(h, weight, bias, target, loss, reduction)
-    if part and not (use_triton(h, backend) and splittable(loss, reduction, C, D, config)):
-        _fail(f"part={part} needs the Triton backend and a head splittable() allows (dense kernel, whole rows, "
-              f"no mean CE), got loss={loss!r} reduction={reduction!r} C={C} D={D} backend={backend!r}")
     if N == 0 or not use_triton(h, backend):
         r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index,
                                  activation=activation)
         if act_out is not None:
             torch.clamp_min(h.detach(), 0, out=act_out)
-        if part == 1:
-            return None, r.grad_h
         if accumulate:
             grad_weight.add_(r.grad_weight)
             if grad_bias is not None:
@@ -184,8 +172,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
             grad_weight.copy_(r.grad_weight)
             if grad_bias is not None:
                 grad_bias.copy_(r.grad_bias)
-        loss_t = r.loss.float() if r.loss.dtype != torch.float64 else r.loss
-        return (loss_t, None) if part == 2 else (loss_t, r.grad_h)
+        return r.loss.float() if r.loss.dtype != torch.float64 else r.loss, r.grad_h
     _check_kernel_limits(h, weight, bias, loss, C)
     if grad_weight.dtype != weight.dtype or not grad_weight.is_contiguous():
         _fail(f"grad_weight must be a contiguous {weight.dtype} tensor like weight, got dtype {grad_weight.dtype} "
@@ -201,7 +188,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     if grad_bias is not None and not grad_bias.is_contiguous():
         _fail(f"grad_bias must be a contiguous tensor, got strides {grad_bias.stride()}")
     hl = prepare_launch(h2, w, b, y, loss, reduction, ignore_index, config, grad_weight, grad_bias, accumulate,
-                        relu=activation == "relu", store_act=act_out is not None, part=part)
+                        relu=activation == "relu", store_act=act_out is not None)
     # Only signatures whose tensors the kernel can read in place (no copy above) are
     # cached; the launch then takes the caller's tensors as they are.
     if key is not None and h2.data_ptr() == h.data_ptr() and y.data_ptr() == target.data_ptr() and w is weight \
@@ -212,7 +199,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     loss_t, grad_h = hl(h2, w, b, y, grad_weight, grad_bias, act_out)
     if act_out is not None and not hl.store_act:
         torch.clamp_min(h2, 0, out=act_out.view(h2.shape))
-    return loss_t, grad_h.view(h.shape) if grad_h is not None else None
+    return loss_t, grad_h.view(h.shape)
 
 
 def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,

@@ -26,7 +26,7 @@ from erase_triton.kernels.launch import LaunchConfig
 
 from . import scheduler as _sched
 
-from .functional import check_activation, check_args, local_head_into, splittable, use_triton
+from .functional import check_activation, check_args, local_head_into, use_triton
 from .reference import head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
@@ -144,7 +144,7 @@ class LocalHead(nn.Module):
         return None
 
     def apply_loss(self, h: torch.Tensor, target: torch.Tensor, beside: bool = False,
-                   act: torch.Tensor | None = None, side=None) -> torch.Tensor:
+                   act: torch.Tensor | None = None) -> torch.Tensor:
         """Fused loss + grads on the current stream; backward into h's producer; returns what the
         next block reads: h.detach(), or relu(h) with activation="relu".
         beside=True: the scheduler runs the next segment concurrently (occupancy "auto" shrinks the
@@ -152,11 +152,7 @@ class LocalHead(nn.Module):
         act: relu(h) already computed (`early_act`, for a head beside the next segment): the
         kernel reads it, the gradient goes to h through the ReLU, and act is returned. Without
         it a fused head with activation="relu" reads h and its kernel writes relu(h) as it goes
-        (dense and small CE kernels): no separate ReLU launch ahead of a head nothing runs beside.
-        side: a `scheduler.SideStream` (the scheduler's, for the final head): a head `splittable`
-        allows runs as two launches, grad_h on the current stream (the block's backward waits only
-        for it) and grad_W, grad_b and the loss on `side.fork()`'s stream, which the caller joins
-        if `side.used` (keeping h and target alive until then)."""
+        (dense and small CE kernels): no separate ReLU launch ahead of a head nothing runs beside."""
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
@@ -187,16 +183,11 @@ class LocalHead(nn.Module):
         out = hd
         if act is None and self.activation is not None:
             out = torch.empty_like(hd, memory_format=torch.contiguous_format)  # relu(h), from the kernel
-        kw = dict(loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index, backend=self.backend,
-                  config=self.launch_config(hd, beside), grad_weight=gw, grad_bias=gb, accumulate=acc_w,
-                  activation=self.activation)
-        args = (hd, w.detach(), b.detach() if b is not None else None, target)
-        if side is not None and splittable(self.loss, self.reduction, self.out_features, self.in_features, kw["config"]):
-            _, grad_h = local_head_into(*args, act_out=None if out is hd else out, part=1, **kw)
-            with torch.cuda.stream(side.fork()):
-                loss, _ = local_head_into(*args, part=2, **kw)
-        else:
-            loss, grad_h = local_head_into(*args, act_out=None if out is hd else out, **kw)
+        loss, grad_h = local_head_into(hd, w.detach(), b.detach() if b is not None else None, target,
+                                       loss=self.loss, reduction=self.reduction, ignore_index=self.ignore_index,
+                                       backend=self.backend, config=self.launch_config(hd, beside),
+                                       grad_weight=gw, grad_bias=gb, accumulate=acc_w,
+                                       activation=self.activation, act_out=None if out is hd else out)
         if w.grad is None and w.requires_grad:  # a frozen head keeps .grad None
             w.grad = gw
         if b is not None and b.grad is None and b.requires_grad:

@@ -124,28 +124,12 @@ def _leaves_of(t: torch.Tensor) -> frozenset:
     return frozenset(out)
 
 
-def _labelled(head, h, target, seg: int, beside: bool = False, act=None, side=None):
+def _labelled(head, h, target, seg: int, beside: bool = False, act=None):
     """head.apply_loss, inside a profiler range when a profiler runs (for trace timelines)."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(f"erase::backward {seg}"):
-            return head.apply_loss(h, target, beside, act=act, side=side)
-    return head.apply_loss(h, target, beside, act=act, side=side)
-
-
-class SideStream:
-    """A stream beside the final segment's, for work nothing in the step waits for until the
-    optimizer (the final head's grad_W, grad_b and loss). `fork()` makes it wait for the current
-    stream's work so far and marks it used; the scheduler joins it into the caller's stream only
-    when it was used (a join on an unused stream would wait on an event outside a graph capture)."""
-
-    def __init__(self, device):
-        self.stream = torch.cuda.Stream(device=device)
-        self.used = False
-
-    def fork(self):
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        self.used = True
-        return self.stream
+            return head.apply_loss(h, target, beside, act=act)
+    return head.apply_loss(h, target, beside, act=act)
 
 
 class Scheduler:
@@ -193,7 +177,6 @@ class Scheduler:
         self.adaptive = adaptive
         self.device = device
         self._streams: list = []
-        self._side = None  # the final head's second launch (grad_W, grad_b, loss), joined with the ring
         self._stream_prio: list = []  # the priority each ring stream was asked for (torch may clamp it)
         self._used = None             # ring streams the last forking step used ("tail" priorities)
         self._events: dict = {}  # (kind, index) -> reusable event: no event creation in a step
@@ -346,15 +329,13 @@ class Scheduler:
         # what the next segment reads (a fused ReLU head's activation) is queued before its event
         act = None if head.final else head.early_act(h)
         fwd_done = self._record("fwd", seg, cur)
-        # head kernel + block backward, queued on `cur`, beside the next segment's forward. The final
-        # head's block backward waits only for its grad_h: its grad_W, grad_b and loss go to `side`
-        side = self._side_stream() if head.final else None
-        out = _labelled(head, h, target, seg, beside=not head.final, act=act, side=side)
+        # head kernel + block backward, queued on `cur`, beside the next segment's forward
+        out = _labelled(head, h, target, seg, beside=not head.final, act=act)
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
-            # so the caller's stream joins the ring (and the side stream) here rather than at exit.
-            self._keep += [out, h, target]  # read on the side stream until the join
-            self._join(side.stream if side.used else None)
+            # so the caller's stream joins the ring here rather than at exit.
+            self._join()
+            self._keep.append(out)
             return out
         self._bwd_events[seg] = self._record("bwd", seg, cur)
         if nk != k:
@@ -366,19 +347,11 @@ class Scheduler:
             torch.cuda.set_stream(s_next)
         return out
 
-    def _side_stream(self) -> SideStream:
-        if self._side is None:
-            self._side = SideStream(self._cuda_device)
-        self._side.used = False
-        return self._side
-
-    def _join(self, side=None):
-        """The caller's stream waits for every ring stream this step forked (and `side`), and becomes current."""
+    def _join(self):
+        """The caller's stream waits for every ring stream this step forked, and becomes current."""
         for k in sorted(self._forked):
             self._caller.wait_event(self._record("join", k, self._ring_stream(k)))
             self.last_trace.append(("join", k))
-        if side is not None:
-            self._caller.wait_event(self._record("join", "side", side))
         self._forked = set()
         torch.cuda.set_stream(self._caller)
 

@@ -171,7 +171,7 @@ class FreeHead(LocalHead):
     and it returns relu(h) from its own launch (queued before the backward, as session 11's
     bound had it)."""
 
-    def apply_loss(self, h, target, beside=False, act=None, side=None):
+    def apply_loss(self, h, target, beside=False, act=None):
         out = act if act is not None else self.act(h.detach())
         g = getattr(self, "_free_grad", None)
         if g is None or g.shape != h.shape or g.dtype != h.dtype:

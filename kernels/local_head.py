@@ -30,7 +30,6 @@ resets them, so consecutive launches on one stream need no memset.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -220,15 +219,12 @@ def _dense_head_kernel(
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, STRIDED: tl.constexpr,
     ACC_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
-    RELU: tl.constexpr, STORE_ACT: tl.constexpr = False, PART: tl.constexpr = 0,
+    RELU: tl.constexpr, STORE_ACT: tl.constexpr = False,
 ):
     # RELU: the head reads relu(h) (every h load goes through _relu_in) and grad_h is the
     # gradient at the ReLU's input (masked where h <= 0), so the block's own ReLU backward
     # is not needed. STORE_ACT: relu(h) is also written out (for a head nothing runs beside:
     # no separate ReLU launch before it).
-    # PART (SINGLE_CHUNK, no CE mean): 0 everything; 1 grad_h (and act) only, tiles split
-    # statically (STRIDED), no counters, no reductions: what the block's backward waits for;
-    # 2 grad_W, grad_b and the loss only (no grad_h store), for a second launch beside it.
     if CE_MEAN:
         scale = _count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
@@ -247,7 +243,7 @@ def _dense_head_kernel(
     b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
     if SINGLE_CHUNK:
         b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-    if STRIDED:  # (ATOMIC or PART 1) program p takes tiles p, p + P, ...: no claims, one pipelined loop
+    if STRIDED:  # (ATOMIC only) program p takes tiles p, p + P, ...: no claims, one pipelined loop
         g = tl.program_id(0)
         t_step = n_programs
     else:
@@ -261,7 +257,7 @@ def _dense_head_kernel(
             t_lo = g * tiles_per_group
             t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
         p_row = part_ptr + g.to(tl.int64) * stride_g
-        if not ATOMIC and PART != 1:
+        if not ATOMIC:
             b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
             b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
             if SINGLE_CHUNK:
@@ -316,25 +312,19 @@ def _dense_head_kernel(
                 else:  # squared error
                     b_l = (b_z - b_y) * (b_z - b_y)
                     b_dz = 2.0 * (b_z - b_y) * scale
-                if PART != 1:
-                    b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
+                b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
                 b_dz = tl.where(m_nc, b_dz, 0.0)
-            if PART != 1:
-                b_gb += tl.sum(b_dz, axis=0)
+            b_gb += tl.sum(b_dz, axis=0)
             # pass 2: grad_h = dz W, group partial of grad_W += dz^T h
             if SINGLE_CHUNK:
-                if PART != 2:
-                    if BLOCK_C == 1:
-                        b_gh = b_dz * b_w1.to(tl.float32)
-                    else:
-                        b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
-                    tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :],
-                             _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty), mask=m_h1)
-                if PART != 1:
-                    if BLOCK_C == 1:
-                        b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
-                    else:
-                        b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
+                if BLOCK_C == 1:
+                    b_gh = b_dz * b_w1.to(tl.float32)
+                    b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
+                else:
+                    b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
+                    b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
+                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
+                         mask=m_h1)
             else:
                 first = t == t_lo
                 for d0 in range(0, D, BLOCK_D):
@@ -356,7 +346,7 @@ def _dense_head_kernel(
                     if not first:
                         b_gw += tl.load(p_part, mask=m_cd, other=0.0)
                     tl.store(p_part, b_gw, mask=m_cd)
-        if not ATOMIC and PART != 1:
+        if not ATOMIC:
             if SINGLE_CHUNK:
                 tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
             tl.store(p_row + CD + o_c, b_gb, mask=m_c)
@@ -367,9 +357,7 @@ def _dense_head_kernel(
         else:
             g = _claim(ctr_ptr + 2)
 
-    if PART == 1:  # grad_h only: nothing to sum, no counters touched
-        pass
-    elif ATOMIC:  # (SINGLE_CHUNK only) float atomics: the sum's order follows program timing
+    if ATOMIC:  # (SINGLE_CHUNK only) float atomics: the sum's order follows program timing
         # ACC_COPIES accumulators (stride_g apart) split the programs' atomics on each address
         p_acc = acc_ptr + (tl.program_id(0) % ACC_COPIES) * stride_g
         tl.atomic_add(p_acc + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1, sem="relaxed")
@@ -871,22 +859,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=256)
-def splittable(loss: str, reduction: str, C: int, D: int, cfg: LaunchConfig) -> bool:
-    """Whether a head can run as two launches, grad_h first (`prepare_launch(part=1)`) and grad_W,
-    grad_b and the loss second (`part=2`): the dense kernel with whole rows in one tile (BCE/MSE
-    and CE with C <= 64), except a mean CE (its target count uses the grid's counters)."""
-    if loss == "ce" and (C > DENSE_CE_MAX_C or reduction == "mean"):
-        return False
-    if C > MAX_DENSE_C:
-        return False
-    return bool(_dense_blocks(D, C, cfg, True)["SINGLE_CHUNK"])
-
-
 def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
-          deterministic: bool = True, relu: bool = False, store_act: bool = False, part: int = 0) -> _Plan:
+          deterministic: bool = True, relu: bool = False, store_act: bool = False) -> _Plan:
     key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, relu, store_act,
-           part, deterministic)
+           deterministic)
     p = _PLANS.get(key)
     if p is not None:
         return p
@@ -903,11 +879,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
               RELU=relu, STORE_ACT=store_act and kind != "vocab", **blk)
     if kind == "dense":
-        cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"), PART=part)
-        if part == 1:  # grad_h only: a static tile split, no counters, nothing to sum
-            cx.update(STRIDED=True, ATOMIC=False, ACC_COPIES=1)
-        elif part == 2:
-            cx.update(STORE_ACT=False)
+        cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
         kernel = _dense_head_kernel
     else:
         cx.update(CE_MEAN=reduction == "mean")
@@ -939,14 +911,13 @@ class HeadLaunch:
     """
 
     __slots__ = ("plan", "device", "index", "n_buf", "n_acc", "P", "ints", "cx", "loss_like",
-                 "has_bias", "store_act", "part", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
+                 "has_bias", "store_act", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         """h: the rows with the strides this launch was prepared for (any leading shape).
         act: [N, D] contiguous like h, written with relu(h) when `store_act` (prepared with
         store_act=True and a kernel that has the output); otherwise left alone.
-        Returns (loss, grad_h contiguous, shaped like h); part 1 returns (None, grad_h) and leaves
-        grad_weight / grad_bias alone, part 2 returns (loss, None)."""
+        Returns (loss, grad_h contiguous, shaped like h)."""
         dev = self.device
         if self.raw is not None:
             stream = torch._C._cuda_getCurrentRawStream(self.index)
@@ -954,30 +925,26 @@ class HeadLaunch:
         else:
             ws = _workspace(dev)
         # empty_like: half the host cost of torch.empty(shape, dtype=, device=)
-        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format) if self.part != 2 else None
-        gh = grad_h if grad_h is not None else h  # part 2 stores no grad_h: an unused pointer
+        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
         loss_out = torch.empty_like(self.loss_like)
         buf = ws.buf if ws.buf.numel() >= self.n_buf else ws.floats(self.n_buf)
         acc = ws.acc if ws.acc.numel() >= self.n_acc else ws.zeros(self.n_acc)
         if POISON:
-            if grad_h is not None:
-                grad_h.fill_(float("nan"))
+            grad_h.fill_(float("nan"))
             loss_out.fill_(float("nan"))
             buf.fill_(float("nan"))
         if not self.has_bias:
             bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
         if not self.store_act:
-            act = gh  # unused pointer (STORE_ACT=False)
+            act = grad_h  # unused pointer (STORE_ACT=False)
         if self.raw is None:
-            self.plan.kernel[(self.P,)](h, weight, bias, y, gh, act, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
+            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
                                         *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
-                     None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), gh.data_ptr(),
+                     None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
                      act.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
                      acc.data_ptr(), ws.ctr.data_ptr(), *self.ints, *self.cx)
-        if self.part:
-            return (None, grad_h) if self.part == 1 else (loss_out, None)
         return loss_out, grad_h
 
 
@@ -998,12 +965,10 @@ def _direct_launcher(hl: HeadLaunch, compiled) -> None:
 
 def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
                    grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False,
-                   store_act: bool = False, part: int = 0) -> HeadLaunch:
+                   store_act: bool = False) -> HeadLaunch:
     """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
     relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
-    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says).
-    part: 0 the whole head; 1 grad_h (and relu(h2)) only; 2 grad_W, grad_b and the loss only
-    (the two halves of a head `splittable` says can be split)."""
+    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -1018,13 +983,10 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if not dot_fp32 and h2.dtype == torch.float32:
         precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
     deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
-    if part and not splittable(loss, reduction, C, D, cfg):
-        raise ValueError(f"part={part} needs a head the dense kernel runs in whole-row tiles and no mean CE "
-                         f"(splittable), got loss={loss!r} reduction={reduction!r} C={C} D={D}")
     plan = _plan(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
-                 relu, store_act and relu and part != 2, part)
+                 relu, store_act and relu)
     cx = plan.constexprs
-    if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"] and part != 1:
+    if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"]:
         # a static tile split needs no claims only where no grid barrier waits on other programs
         raise ValueError("STRIDED row tiles need the ATOMIC (non-deterministic, one weight tile) dense kernel")
     b_arg = bias if has_bias else weight
@@ -1041,19 +1003,14 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
     if plan.kind == "dense":
         inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
-        if part == 1:  # grad_h only: tiles pid, pid + P, ..., no scratch
-            tpg = 1
-        elif cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
+        if cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
             tpg = 1
         elif cfg.group_tiles:
             tpg = cfg.group_tiles
         else:  # the tiles spread evenly, one group a program
             tpg = _cdiv(n_tiles, min(p_occ, n_tiles))
         G = _cdiv(n_tiles, tpg)
-        if part == 1:
-            P = G = min(p_occ, n_tiles)
-            n_buf, n_acc = 0, 0
-        elif cx["ATOMIC"]:
+        if cx["ATOMIC"]:
             P = min(p_occ, G)
             if cx["STRIDED"]:
                 G = P
@@ -1091,7 +1048,6 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
     hl.n_buf, hl.n_acc, hl.P, hl.has_bias, hl.cx = n_buf, n_acc, P, has_bias, tuple(cx.values())
     hl.store_act = bool(cx.get("STORE_ACT", False))
-    hl.part = part
     hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
     hl.raw = hl.compiled = None
     if cuda:

@@ -137,51 +137,6 @@ def test_relu_act_out(loss, N, D, C, dt, bias, occupancy, det, device):
             torch.testing.assert_close(c, a, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
 
 
-SPLIT = [("bce", 300, 130, 1, "fp32", False, None), ("bce", 63, 50, 1, "bf16", True, "relu"),
-         ("mse", 300, 130, 17, "fp32", False, "relu"), ("ce", 63, 50, 17, "fp16", True, None)]
-
-
-@pytest.mark.parametrize("loss,N,D,C,dt,det,activation", SPLIT, ids=[f"{c[0]}-C{c[3]}-{c[4]}-{c[6]}" for c in SPLIT])
-def test_split_head_equals_one_launch(loss, N, D, C, dt, det, activation, device):
-    # part=1 (grad_h, act) then part=2 (grad_W, grad_b, loss): the final head's two launches in
-    # erase; together equal to the one launch (bitwise where no float atomics sum)
-    h, w, b, y = make(loss, N, D, C, DTYPES[dt], True, device)
-    red = "sum" if loss == "ce" else "mean"  # a mean CE counts targets with the grid's counters: not split
-    cfg = LaunchConfig(deterministic=det)
-    kw = dict(loss=loss, reduction=red, ignore_index=-100, backend="triton", config=cfg, activation=activation)
-    assert klh.splittable(loss, red, C, D, cfg)
-    one = [torch.empty_like(w), torch.empty_like(b), torch.empty_like(h) if activation else None]
-    l0, g0 = local_head_into(h, w, b, y, grad_weight=one[0], grad_bias=one[1], accumulate=False, act_out=one[2], **kw)
-    two = [torch.full_like(w, float("nan")), torch.full_like(b, float("nan")),
-           torch.empty_like(h) if activation else None]
-    l1, g1 = local_head_into(h, w, b, y, grad_weight=two[0], grad_bias=two[1], accumulate=False, act_out=two[2],
-                             part=1, **kw)
-    assert l1 is None and torch.isnan(two[0]).all(), "part 1 wrote grad_weight"
-    l2, g2 = local_head_into(h, w, b, y, grad_weight=two[0], grad_bias=two[1], accumulate=False, part=2, **kw)
-    assert g2 is None
-    torch.testing.assert_close(g1, g0, rtol=0, atol=0)
-    exact = det or device.type == "cpu"
-    for a, c in zip((l0, one[0], one[1], one[2]), (l2, two[0], two[1], two[2])):
-        if a is not None:
-            torch.testing.assert_close(c, a, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
-
-
-def test_split_head_checks(device):
-    kw = dict(reduction="mean", ignore_index=-100, backend="triton", config=LaunchConfig(), accumulate=False)
-    h, w, b, y = make("ce", 8, 16, 100, torch.float32, True, device)
-    assert not klh.splittable("ce", "mean", 100, 16, LaunchConfig())
-    with pytest.raises(ValueError, match="part=1 needs the Triton backend and a head splittable"):
-        local_head_into(h, w, b, y, loss="ce", grad_weight=torch.empty_like(w), grad_bias=torch.empty_like(b), part=1,
-                        **kw)
-    h, w, b, y = make("bce", 8, 16, 1, torch.float32, True, device)
-    with pytest.raises(ValueError, match="part must be 0"):
-        local_head_into(h, w, b, y, loss="bce", grad_weight=torch.empty_like(w), grad_bias=torch.empty_like(b), part=3,
-                        **kw)
-    with pytest.raises(ValueError, match="act_out comes with part 0 or 1"):
-        local_head_into(h, w, b, y, loss="bce", grad_weight=torch.empty_like(w), grad_bias=torch.empty_like(b), part=2,
-                        activation="relu", act_out=torch.empty_like(h), **kw)
-
-
 def test_act_out_checks(device):
     h, w, b, y = make("bce", 8, 16, 1, torch.float32, True, device)
     kw = dict(loss="bce", reduction="mean", ignore_index=-100, backend="triton", config=LaunchConfig(),
