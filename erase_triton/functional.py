@@ -145,11 +145,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                          config, accumulate, activation, act_out)
         hit = _FAST.get(key)
         if hit is not None:  # same signature as a checked, prepared call
-            hl = hit[0]
-            out = hl(h, weight, bias, target, grad_weight, grad_bias, act_out)
-            if act_out is not None and not hl.store_act:
-                torch.clamp_min(h.detach(), 0, out=act_out)
-            return out
+            return hit[0](h, weight, bias, target, grad_weight, grad_bias, act_out)
     check_activation(activation)
     if act_out is not None:
         if activation != "relu":
@@ -197,8 +193,6 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
             _FAST.clear()
         _FAST[key] = (hl, config)  # holding config keeps id(config) in the key unique
     loss_t, grad_h = hl(h2, w, b, y, grad_weight, grad_bias, act_out)
-    if act_out is not None and not hl.store_act:
-        torch.clamp_min(h2, 0, out=act_out.view(h2.shape))
     return loss_t, grad_h.view(h.shape)
 
 

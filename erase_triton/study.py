@@ -432,13 +432,13 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
                         lambda dname=dname, heads=heads, relu=relu: with_heads(
                             mlp_workload, heads, 512, 4096, torch.bfloat16 if dname == "bf16" else torch.float32,
                             relu_in_head=relu)))
-    # w512 b1024 tf32 with the ReLU in the heads: latency-bound, fused heads 1.11x PyTorch heads, bound 1.16
-    for heads in ("fused", "torch", "free"):
-        configs.append((f"mlp_w512_b1024_tf32_{heads}_heads_relu_in_head",
-                        lambda heads=heads: with_heads(mlp_workload, heads, 512, 1024, torch.float32, relu_in_head=True)))
-    for heads in ("fused", "torch", "free"):
-        configs.append((f"transformer_w512_b32_s256_{heads}_heads",
-                        lambda heads=heads: with_heads(transformer_workload, heads, 512, 32, 256)))
+    # fused, PyTorch and zero-cost heads: the w512 b1024 tf32 MLP with the ReLU in the heads (latency-bound, fused
+    # heads 1.11x PyTorch heads, bound 1.16) and the transformer w512 b32 s256
+    for name, workload, args, kw in (("mlp_w512_b1024_tf32_{}_heads_relu_in_head", mlp_workload,
+                                      (512, 1024, torch.float32), dict(relu_in_head=True)),
+                                     ("transformer_w512_b32_s256_{}_heads", transformer_workload, (512, 32, 256), {})):
+        for heads in ("fused", "torch", "free"):
+            configs.append((name.format(heads), lambda w=workload, h=heads, a=args, k=kw: with_heads(w, h, *a, **k)))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:

@@ -915,8 +915,9 @@ class HeadLaunch:
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         """h: the rows with the strides this launch was prepared for (any leading shape).
-        act: [N, D] contiguous like h, written with relu(h) when `store_act` (prepared with
-        store_act=True and a kernel that has the output); otherwise left alone.
+        act: None, or a contiguous tensor with h's elements that receives relu(h): from the kernel
+        as it reads h when `store_act` (prepared with store_act=True, a kernel with that output),
+        else from torch.clamp_min after the launch.
         Returns (loss, grad_h contiguous, shaped like h)."""
         dev = self.device
         if self.raw is not None:
@@ -935,16 +936,17 @@ class HeadLaunch:
             buf.fill_(float("nan"))
         if not self.has_bias:
             bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
-        if not self.store_act:
-            act = grad_h  # unused pointer (STORE_ACT=False)
+        act_out = act if self.store_act else grad_h  # (STORE_ACT=False: an unused pointer)
         if self.raw is None:
-            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
+            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act_out, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
                                         *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
-                     act.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
+                     act_out.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
                      acc.data_ptr(), ws.ctr.data_ptr(), *self.ints, *self.cx)
+        if act is not None and not self.store_act:  # (the vocabulary kernel has no relu(h) output)
+            torch.clamp_min(h.detach(), 0, out=act.view(h.shape))
         return loss_out, grad_h
 
 
