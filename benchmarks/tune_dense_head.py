@@ -147,6 +147,9 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/tune_dense_head.csv")
     ap.add_argument("--shapes", default="65536x1024,8192x1024", help="NxD,... (all rows of one D share the grid)")
     ap.add_argument("--small", action="store_true", help="a short grid (for launch-bound shapes)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="h's dtype (fp32: the tf32 models' heads)")
+    ap.add_argument("--chunked", action="store_true",
+                    help="add D-chunked variants (block_d=128/256: two passes over h) to the grid, against whole rows")
     ap.add_argument("--fixed", action="store_true", help="levers on the fixed cost (FIXED); default shapes + N=1024 D=256")
     ap.add_argument("--groups", action="store_true",
                     help="vary group_tiles (grad_W partial groups) for the best tiles of the full grid")
@@ -176,12 +179,14 @@ def main():
             grid = [None] + [LaunchConfig(block_n=bn, num_warps=nw, num_stages=st)
                              for bn, nw, st in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 3))
                              if bn * D // (32 * nw) <= 256]  # at most 256 h elements a thread
-        h, w, b, y, floor_us = bce_anchor(N, D, bw)
+        if args.chunked:
+            grid += [LaunchConfig(block_d=bd, block_n=bn, num_warps=nw) for bd in (128, 256) for bn, nw in ((64, 8), (32, 4))]
+        h, w, b, y, floor_us = bce_anchor(N, D, bw, torch.float32 if args.dtype == "fp32" else torch.bfloat16)
         base = fused_local_head(h, w, b, y)
         for cfg in grid:
             name = "default" if cfg is None else f"bn={cfg.block_n},nw={cfg.num_warps},st={cfg.num_stages}" + \
-                (f",gt={cfg.group_tiles}" if cfg.group_tiles else "")
-            rows.append(measure_variant(dict(N=N, D=D, variant=name, floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
+                (f",gt={cfg.group_tiles}" if cfg.group_tiles else "") + (f",bd={cfg.block_d}" if cfg.block_d else "")
+            rows.append(measure_variant(dict(N=N, D=D, dtype=args.dtype, variant=name, floor_us=floor_us), h, w, b, y, base, floor_us, cfg))
     write_csv(args.out, rows, meta)
     if args.fixed:
         print_table(rows, ["N", "D", "variant", "P", "n_regs", "n_spills", "us", "floor_us", "pct_of_floor",

@@ -740,8 +740,11 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     block_c = 1 if C == 1 else max(16, next_pow2(C))
     if cfg.block_d:
         bd = cfg.block_d
-    elif dp <= 1024 and block_c * dp <= 8192:
-        bd = max(dp, 16)  # whole rows in one tile: h is read once, W once per program
+    elif block_c * dp <= 8192 and (dp <= 1024 or (block_c == 1 and dp <= 4096)):
+        # whole rows in one tile: h is read once (two passes over D-chunks read it twice), W once
+        # per program. C=1 keeps whole rows up to D=4096 (4 or 2 rows a tile: the same 8192
+        # elements as 8 rows of 1024); session 13 measured D=2048 (tune_dense_head_s13*.csv).
+        bd = max(dp, 16)
     else:
         bd = 128
     rows_c1 = bd >= D and block_c == 1 and bd >= 512  # long whole rows, no tl.dot: a bandwidth-bound stream

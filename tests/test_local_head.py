@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+import triton
 
 import erase_triton.functional as functional
 import erase_triton.kernels.local_head as klh
@@ -147,6 +148,22 @@ def test_act_out_checks(device):
         local_head_into(h, w, b, y, activation="relu", act_out=torch.empty_like(h, dtype=torch.bfloat16), **kw)
     with pytest.raises(ValueError, match="act_out must be a contiguous"):
         local_head_into(h, w, b, y, activation="relu", act_out=torch.empty(16, 8, device=device).t(), **kw)
+
+
+@pytest.mark.parametrize("loss,N,D,dt,det,relu", [("bce", 37, 2048, "fp32", False, None), ("mse", 21, 1500, "bf16", True, "relu"),
+                                                   ("bce", 9, 4096, "bf16", True, "relu")])
+def test_wide_rows_c1_one_tile(loss, N, D, dt, det, relu, device):
+    # C=1 heads keep whole rows in one tile up to D=4096 (h read once), in both the atomic and the
+    # fixed-order mode; a wider C or D goes back to D-chunks
+    klh._PLANS.clear()
+    check(loss, N, D, 1, DTYPES[dt], True, None, device, config=LaunchConfig(deterministic=det), activation=relu)
+    plan, = klh._PLANS.values()
+    assert plan.constexprs["SINGLE_CHUNK"] and plan.constexprs["BLOCK_D"] == triton.next_power_of_2(D)
+    assert plan.constexprs["ATOMIC"] == (not det)
+    assert not klh._dense_blocks(8192, 1, LaunchConfig(), True)["SINGLE_CHUNK"]
+    assert not klh._dense_blocks(2048, 2, LaunchConfig(), True)["SINGLE_CHUNK"]
+    on_gpu = klh._dense_blocks(2048, 1, LaunchConfig(), True)
+    assert (on_gpu["BLOCK_N"], on_gpu["num_warps"]) == (4, 2)  # 8192 elements a tile, as 8 rows of 1024
 
 
 def test_relu_chunked_dense_head(device):

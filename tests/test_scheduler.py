@@ -481,13 +481,47 @@ def test_free_heads_bound_and_summary():
     for (k, p), q in zip(model.blocks.named_parameters(), ref.blocks.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     desc = dict(model="mlp", width=16, batch=8, dtype="tf32", streams="auto", exec="graph", mode="erase")
-    rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0)]
+    rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0),
+            dict(desc, heads="free-replayed", ms=2.4)]
     eager = dict(desc, exec="eager", heads="fused", ms=4.0, host_ms=3.9)
     rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0), dict(eager, mode="erase", paired_seq_over_this=1.02),
              dict(eager, mode="sequential", streams="again", paired_seq_over_this=0.99)]
     s, = bs.summarize(rows)
     assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
+    assert s["graph_free_replayed_vs_torch_heads"] == pytest.approx(1.25)
     assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
+
+
+@pytest.mark.parametrize("relu_in_head", [False, True])
+def test_free_heads_replayed_gradient(relu_in_head):
+    # FreeHead(free_grad="replayed"): the first call back-propagates the gradient a real head computes
+    # (at the ReLU's input with the ReLU in the head), later calls the same stored gradient, whatever
+    # their targets; the heads get no grads.
+    from erase_triton.models import MLPChain
+    from erase_triton.study import free_heads, with_heads
+    torch.manual_seed(0)
+    model = MLPChain(16, blocks=3, relu_in_head=relu_in_head)
+    ref = MLPChain(16, blocks=3, relu_in_head=relu_in_head)
+    ref.load_state_dict(model.state_dict())
+    free_heads(model, "replayed")
+    x, y = torch.randn(8, 16), torch.rand(8).round()
+    with Scheduler("erase").step():
+        model(x, y)
+    assert all(hd.weight.grad is None and hd.bias.grad is None for hd in model.heads)
+    with Scheduler("sequential").step():
+        ref(x, y)
+    for (k, p), q in zip(model.blocks.named_parameters(), ref.blocks.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    first = [p.grad.clone() for p in model.blocks.parameters()]
+    model.zero_grad(set_to_none=True)
+    with Scheduler("erase").step():
+        model(x, 1 - y)  # other targets: the stored gradient is replayed, not recomputed
+    for p, g in zip(model.blocks.parameters(), first):
+        torch.testing.assert_close(p.grad, g)
+    with pytest.raises(ValueError, match="free_grad must be"):
+        free_heads(model, "zero")
+    with pytest.raises(ValueError, match="heads must be one of"):
+        with_heads(lambda **kw: None, "free-random")
 
 
 def test_mlp_relu_in_head_same_function_and_free_bound():
