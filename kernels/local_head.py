@@ -735,7 +735,8 @@ def _workspace(device: torch.device) -> _Workspace:
     return ws
 
 
-def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: bool = True) -> dict:
+def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: bool, esize: int) -> dict:
+    """Tiles, warps and reduction mode of the dense kernel for h rows of D elements of esize bytes."""
     dp = next_pow2(D)
     block_c = 1 if C == 1 else max(16, next_pow2(C))
     if cfg.block_d:
@@ -756,6 +757,11 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # 8.4 -> 7.5 µs whole device, bf16; tf32 20.5 -> 14.6 and 9.5 -> 9.2).
         bn = cfg.block_n or max(1, min(8, 8192 // bd))
         warps, stages = 2, 2
+        if esize == 4 and bd >= 2048:
+            # fp32 rows of 2048+: half the tile on 4 warps, unpipelined (32 h elements a thread).
+            # H200, BCE N=16384 (tune_dense_head_s13b_fp32.csv): D=2048 73.3 vs 80.0 µs (N=4096:
+            # 23.5 vs 26.1), D=4096 145.8 vs 159.3; bf16 keeps 8192-element tiles (43.3 vs 44.6 µs).
+            bn, warps, stages = cfg.block_n or max(1, 4096 // bd), 4, 1
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
         # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
@@ -871,7 +877,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
         return p
     kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
     if kind == "dense":
-        blk = _dense_blocks(D, C, cfg, cuda, deterministic)
+        blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":
         blk = _small_ce_blocks(D, C, cfg, cuda, h_dtype.itemsize)
     else:

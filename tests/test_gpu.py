@@ -4,10 +4,12 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import erase_triton as et
 import erase_triton.kernels.local_head as klh
 from erase_triton import LocalHead, Scheduler, fused_local_head, reference
+from erase_triton.reference import head_loss
 
 pytestmark = pytest.mark.gpu
 dev = "cuda"
@@ -73,6 +75,8 @@ def test_signature_cache_hits_and_stays_exact():
     ("ce", 3001, 130, 1000, torch.float32),
     ("ce", 65536, 512, 256, torch.bfloat16),  # the small-vocabulary kernel, many row groups
     ("ce", 30001, 130, 200, torch.float32),
+    ("bce", 16384, 2048, 1, torch.float32),  # whole rows of 2048 (fp32: 2-row tiles), the w2048 MLP's heads
+    ("mse", 4099, 4096, 1, torch.bfloat16),  # whole rows of 4096, a ragged last tile
 ])
 def test_kernel_at_scale(loss, N, D, C, dtype):
     check_at_scale(loss, N, D, C, dtype)
@@ -91,6 +95,9 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
     same = reference.local_head(h, w, b, y, loss=loss, activation=activation)
     ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss,
                                activation=activation)
+    z = F.linear(F.relu(h.double()) if activation == "relu" else h.double(), w.double(), b.double()).requires_grad_()
+    head_loss(z, y if loss == "ce" else y.double(), loss, "mean", -100).backward()
+    dz_abs_sum = z.grad.abs().sum(0)  # per class: the scale of grad_bias's float32 rounding
     det = et.LaunchConfig(occupancy=occupancy, deterministic=True)
     # default (float atomics where they apply), and deterministic
     for cfg in (et.LaunchConfig(occupancy=occupancy), det):
@@ -100,6 +107,14 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
         for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
             eo, es = rel_err(o, r), rel_err(s, r)
             bound = 2 * es + (1e-5 if dtype == torch.float32 else 1e-2)
+            if name == "grad_bias" and dtype == torch.float32 and eo > bound:
+                # grad_b = sum over rows of dz, whose terms cancel (BCE: |sum dz| ~ sum |dz| / sqrt(N)):
+                # a float32 sum is accurate to ~eps * sum |dz|, not to eps * |sum dz|. H200, BCE N=16384
+                # D=2048: rel err 4e-5 against torch's 6e-6 (pairwise), in every tile variant.
+                err = (o.double() - r.double()).abs()
+                assert (err <= 2 * (s.double() - r.double()).abs() + 1e-6 * dz_abs_sum).all(), \
+                    f"grad_bias: abs err {err.max().item():.3g} vs sum |dz| {dz_abs_sum.max().item():.3g}"
+                continue
             assert eo <= bound, f"{name}: rel err {eo:.3g} vs torch {es:.3g}"
     again = fused_local_head(h, w, b, y, loss=loss, config=det, activation=activation)
     for o, a in zip(out, again):
@@ -109,6 +124,7 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
 @pytest.mark.parametrize("loss,N,D,C,dtype,occupancy", [
     ("bce", 4096, 512, 1, torch.float32, 0.125),   # the MLP proxy's side head (8-row tiles, atomics)
     ("bce", 65536, 1024, 1, torch.bfloat16, None),
+    ("bce", 16384, 2048, 1, torch.bfloat16, None),  # whole rows of 2048
     ("mse", 100003, 200, 17, torch.float16, None),  # D chunks
     ("ce", 1 << 16, 64, 5, torch.bfloat16, None),
     ("ce", 8192, 512, 256, torch.bfloat16, 0.125),  # small-vocabulary kernel

@@ -160,10 +160,11 @@ def test_wide_rows_c1_one_tile(loss, N, D, dt, det, relu, device):
     plan, = klh._PLANS.values()
     assert plan.constexprs["SINGLE_CHUNK"] and plan.constexprs["BLOCK_D"] == triton.next_power_of_2(D)
     assert plan.constexprs["ATOMIC"] == (not det)
-    assert not klh._dense_blocks(8192, 1, LaunchConfig(), True)["SINGLE_CHUNK"]
-    assert not klh._dense_blocks(2048, 2, LaunchConfig(), True)["SINGLE_CHUNK"]
-    on_gpu = klh._dense_blocks(2048, 1, LaunchConfig(), True)
-    assert (on_gpu["BLOCK_N"], on_gpu["num_warps"]) == (4, 2)  # 8192 elements a tile, as 8 rows of 1024
+    assert not klh._dense_blocks(8192, 1, LaunchConfig(), True, True, 2)["SINGLE_CHUNK"]
+    assert not klh._dense_blocks(2048, 2, LaunchConfig(), True, True, 2)["SINGLE_CHUNK"]
+    bf16, fp32 = (klh._dense_blocks(2048, 1, LaunchConfig(), True, False, e) for e in (2, 4))
+    assert (bf16["BLOCK_N"], bf16["num_warps"]) == (4, 2)  # 8192 elements a tile, as 8 rows of 1024
+    assert (fp32["BLOCK_N"], fp32["num_warps"], fp32["NUM_STAGES"]) == (2, 4, 1)  # fp32: 4096 on 4 warps
 
 
 def test_relu_chunked_dense_head(device):
