@@ -115,7 +115,9 @@ def plot_schedule(rows: list[dict], path: str):
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 5.5))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
-              ("graph_free_vs_torch_heads", "zero-cost / PyTorch heads (graphed erase): the most any head buys"),
+              ("graph_free_vs_torch_heads", "zero-cost heads (constant gradient) / PyTorch heads (graphed erase)"),
+              ("graph_free_replayed_vs_torch_heads", "zero-cost heads replaying a real gradient / PyTorch heads: "
+                                                     "the most any head buys"),
               ("eager_erase_vs_seq", "erase / sequential (eager)"),
               ("eager_erase_vs_seq_paired", "erase / sequential (eager, paired: median of per-round ratios)"),
               ("eager_again_vs_seq_paired", "sequential / sequential again (eager A/A, paired)"),
