@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
-#   parts: tests host step tune side tiles head ce schedule sweep trace bench partition   (default: all; together they need more than
+#   parts: tests ktests host step tune side tiles head ce schedule sweep trace bench partition   (default: all; together they need more than
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS;
-# TESTS_K selects tests (pytest -k), CE_OUT and SCHED_OUT name the ce and schedule parts' CSVs.
+# TESTS_K / KTESTS_K select tests (pytest -k) of the tests / ktests parts, CE_OUT and SCHED_OUT name the ce and schedule parts' CSVs.
 set -u
 RES=${1:-benchmarks/results}; shift || true
-PARTS=${*:-tests host step tune side tiles head ce schedule sweep trace bench partition}
+PARTS=${*:-tests ktests host step tune side tiles head ce schedule sweep trace bench partition}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -20,8 +20,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for p in $PARTS; do
   echo "=== $p $(date +%T)"
   case $p in
+    # tests: all of test_gpu.py (45, ~2.5 min on a cold machine); ktests: the interpreter suite's kernel cases on CUDA
+    # (~70, ~4.5 min). Session 13: the two in one part needed more than 420 s.
     tests)    timeout ${T_TESTS:-420} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
-                tests/test_local_head.py -k "${TESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out}" 2>&1 | tail -30 ;;
+                ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -30 ;;
+    ktests)   timeout ${T_KTESTS:-540} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_local_head.py \
+                -k "${KTESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows}" 2>&1 | tail -30 ;;
     host)     timeout ${T_HOST:-60} python3 benchmarks/profile_host.py 2>&1 | head -40 ;;
     step)     timeout ${T_STEP:-90} python3 benchmarks/profile_step.py 2>&1 | grep -v "^$" | head -70 ;;
     tune)     timeout ${T_TUNE:-240} python3 benchmarks/tune_dense_head.py --out "$RES/tune_dense_head.csv" ${TUNE_ARGS:-} | grep -v "^{" ;;
