@@ -18,11 +18,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from . import reference
 from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
 from .models.mlp import MLPChain
 from .models.transformer import TinyTransformer
-from . import reference
 from .reference import head_loss
 from .scheduler import Scheduler
 from .train import training_step
