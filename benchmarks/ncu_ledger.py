@@ -16,8 +16,10 @@ hi = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
 hdr = rows[hi]; data = [dict(zip(hdr, r)) for r in rows[hi+1:] if len(r) == len(hdr)]
 stall_cols = [c for c in hdr if c.startswith("stall_") and "Not Issued" not in c]
 def num(x):
-    try: return float(x.replace(",", ""))
-    except: return 0.0
+    try:
+        return float(x.replace(",", ""))
+    except ValueError:  # empty or non-numeric cells
+        return 0.0
 tot = sum(num(d["Warp Stall Sampling (All Samples)"]) for d in data)
 print("instructions", len(data), "samples", tot)
 agg = collections.Counter()

@@ -755,13 +755,12 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # previous 16 rows on 4 warps, unpipelined. At most 8 rows: at D=512, 8 rows (64 h
         # elements a thread) beat 16 (side_head_tiles.csv, N=4096: 19.3 -> 15.0 µs at 1/8,
         # 8.4 -> 7.5 µs whole device, bf16; tf32 20.5 -> 14.6 and 9.5 -> 9.2).
-        bn = cfg.block_n or max(1, min(8, 8192 // bd))
-        warps, stages = 2, 2
-        if esize == 4 and bd >= 2048:
-            # fp32 rows of 2048+: half the tile on 4 warps, unpipelined (32 h elements a thread).
-            # H200, BCE N=16384 (tune_dense_head_s13b_fp32.csv): D=2048 73.3 vs 80.0 µs (N=4096:
-            # 23.5 vs 26.1), D=4096 145.8 vs 159.3; bf16 keeps 8192-element tiles (43.3 vs 44.6 µs).
-            bn, warps, stages = cfg.block_n or max(1, 4096 // bd), 4, 1
+        # fp32 rows of 2048+: half the tile on 4 warps, unpipelined (32 h elements a thread).
+        # H200, BCE N=16384 (tune_dense_head_s13b_fp32.csv): D=2048 73.3 vs 80.0 µs (N=4096:
+        # 23.5 vs 26.1), D=4096 145.8 vs 159.3; bf16 keeps 8192-element tiles (43.3 vs 44.6 µs).
+        half = esize == 4 and bd >= 2048
+        bn = cfg.block_n or max(1, min(8, (4096 if half else 8192) // bd))
+        warps, stages = (4, 1) if half else (2, 2)
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
         # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
