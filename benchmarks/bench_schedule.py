@@ -11,7 +11,9 @@ step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch
 heads bounds what any head implementation can buy; each config gets two such rows: "free" sends a
 constant gradient into the block, "free-replayed" the first step's real head gradient, so the block's
 backward GEMMs multiply the same kind of data as with a real head (a constant toggles few bits and
-can run faster on a power-limited GPU). Erase runs with the Scheduler's stream
+can run faster on a power-limited GPU). --stream-heads adds graphed erase with `StreamHead`s (MLP
+only): the fused kernel's bytes, tiles and grid, the real gradient, none of its math; fused against
+stream heads is what the kernel's compute structure costs the step. Erase runs with the Scheduler's stream
 priorities (--priorities, default the library's "tail"), and each config adds one erase variant
 with priorities off (or "rising", with --priorities off), graphed and eager, in the same run:
 summary columns *_equal_prio / eager_equal_priority_vs_seq*. --relu-in-head on|both: MLP
@@ -124,10 +126,15 @@ def _sched(mode, **kw):
     return Scheduler(mode, priorities=PRIORITIES, **kw)
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, free=False):
+BOUNDS = ("free", "free-replayed", "stream")  # heads that only bound what a head can buy
+
+
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=()):
     for desc, build in cases:
-        for heads in ("torch", "fused") + (("free", "free-replayed") if free else ()):
-            if heads.startswith("free"):  # graphed erase only: the bounds for graph_fused_vs_torch_heads
+        for heads in ("torch", "fused") + tuple(bounds):
+            if heads in BOUNDS:  # graphed erase only: the bounds for graph_fused_vs_torch_heads
+                if heads == "stream" and desc["model"] != "mlp":  # StreamHead: C=1 heads only
+                    continue
                 if True in execs:
                     model, inputs = build(heads)
                     ms, peak = measure(model, inputs, "erase", True)
@@ -210,6 +217,8 @@ def summarize(rows):
             g.get(("free", "graph", "erase"), float("nan"))
         if ("free-replayed", "graph", "erase") in g:
             s["graph_free_replayed_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("free-replayed", "graph", "erase")]
+        if ("stream", "graph", "erase") in g:  # the fused kernel's bytes, without its math
+            s["graph_stream_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("stream", "graph", "erase")]
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
         for variant in ("always-fork", "side-stream", "again", "equal-priority", "rising-priority"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
@@ -242,6 +251,9 @@ def main():
     ap.add_argument("--free-heads", action="store_true",
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads): "
                          "a constant gradient (free) and the first step's real one (free-replayed)")
+    ap.add_argument("--stream-heads", action="store_true",
+                    help="also time graphed erase with stream heads (StreamHead, MLP only: the fused kernel's bytes, "
+                         "tiles and grid without its math); summary column graph_stream_vs_torch_heads")
     ap.add_argument("--group-tiles", type=int, default=None,
                     help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
     ap.add_argument("--priorities", default=None, choices=["rising", "tail", "off"],
@@ -289,13 +301,13 @@ def main():
                               lambda heads, w=w, b=b, s=s, bs=bs: transformer_case(w, b, s, heads, occ, bs)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
-             free=args.free_heads)
+             bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ()))
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
     print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "final", "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
-                       "graph_free_replayed_vs_torch_heads",
+                       "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
                        "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])

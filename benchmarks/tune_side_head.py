@@ -14,6 +14,8 @@ heads) and on the whole device (the final head), at the b1024 and b4096 sizes; e
 is checked against the default launch and records its grid (P) and registers.
 --grid: LaunchConfig(programs_per_sm=1, 2, 3) against the default grid rule, same cases:
 fewer programs, more row tiles each, fewer end-of-kernel atomics.
+--stream: the default launch against `stream_head` (the same bytes, tiles and grid, none of
+the head's math), same cases, with and without the ReLU in the head.
 
 Kernel time: replay of a CUDA graph of 20 calls (tune_dense_head.graph_us).
 """
@@ -61,6 +63,27 @@ def tile_study() -> list[dict]:
                                                for bn, nw, st in TILES])
 
 
+def stream_study() -> list[dict]:
+    """The fused head against `stream_head` (its bytes, tiles and grid without its math) alone,
+    TILE_CASES, with and without the ReLU in the head (relu(h) written by the kernel)."""
+    from erase_triton.kernels.stream_head import stream_head
+    rows = []
+    for dname, N, occ in TILE_CASES:
+        dtype = torch.bfloat16 if dname == "bf16" else torch.float32
+        h, w, b, y, floor_us = bce_anchor(N, 512, 4300.0, dtype)
+        dz = torch.randn(N, device="cuda")
+        cfg = LaunchConfig(occupancy=occ)
+        for relu in (False, True):
+            act = torch.empty_like(h) if relu else None
+            kw = dict(activation="relu") if relu else {}
+            fused = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg, **kw))
+            stream = graph_us(lambda: stream_head(h, dz, w, relu=relu, act_out=act, config=cfg))
+            rows.append(dict(dtype=dname, N=N, D=512, occupancy=occ or 1.0, relu=int(relu), floor_us=floor_us,
+                             fused_us=fused, stream_us=stream, fused_over_stream=fused / stream))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def grid_study() -> list[dict]:
     return _study(lambda: [("default", {})] + [(f"programs_per_sm={k}", dict(programs_per_sm=k)) for k in (1, 2, 3)])
 
@@ -70,8 +93,14 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/side_head.csv")
     ap.add_argument("--tiles", action="store_true", help="the tile study (TILE_CASES x TILES)")
     ap.add_argument("--grid", action="store_true", help="programs_per_sm 1-3 against the default grid (TILE_CASES)")
+    ap.add_argument("--stream", action="store_true", help="fused head vs stream_head (its bytes without its math)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.stream:
+        rows = stream_study()
+        write_csv(args.out, rows, metadata())
+        print_table(rows, ["dtype", "N", "occupancy", "relu", "floor_us", "fused_us", "stream_us", "fused_over_stream"])
+        return
     if args.tiles or args.grid:
         rows = grid_study() if args.grid else tile_study()
         write_csv(args.out, rows, metadata())

@@ -196,6 +196,47 @@ class FreeHead(LocalHead):
         return out
 
 
+class StreamHead(LocalHead):
+    """A bound between zero-cost and fused heads (C=1 BCE/MSE heads only): its launch moves the
+    fused dense kernel's bytes (reads h, writes grad_h and, with activation="relu" and nothing
+    beside it, relu(h)) on the same tiles, grid and occupancy, and back-propagates the real
+    head gradient, but replays the first call's dz (PyTorch) instead of computing the logits,
+    the loss and the head's grads (`erase_triton.kernels.stream_head`). Fused against stream
+    heads is what the kernel's compute structure costs a step; stream against zero-cost heads
+    (`FreeHead`) what the I/O every correct head does costs, at this tiling and occupancy."""
+
+    def apply_loss(self, h, target, beside=False, act=None):
+        from erase_triton.kernels.stream_head import stream_head
+
+        if self.out_features != 1 or self.loss == "ce":
+            raise ValueError(f"StreamHead needs a C=1 'bce' or 'mse' head, got loss={self.loss!r} "
+                             f"out_features={self.out_features}")
+        hd = h.detach() if act is None else act
+        h2 = hd.reshape(-1, self.in_features)
+        dz = getattr(self, "_dz", None)
+        if dz is None or dz.shape[0] != h2.shape[0]:
+            z = self.logits(self.act(h2)).detach().requires_grad_(True)
+            loss = head_loss(z, target.reshape(-1, 1), self.loss, self.reduction, self.ignore_index)
+            dz = self._dz = torch.autograd.grad(loss, z)[0].reshape(-1).float().contiguous()
+        out = hd
+        if act is None and self.activation is not None:
+            out = torch.empty_like(hd, memory_format=torch.contiguous_format)
+        grad_h = stream_head(h2, dz, self.weight.detach(), relu=self.activation == "relu",
+                             act_out=None if out is hd else out.view(h2.shape), config=self.launch_config(hd, beside))
+        if h.requires_grad:
+            torch.autograd.backward(h, grad_h.view(h.shape))
+        return out
+
+
+def stream_heads(model):
+    """Make every LocalHead of `model` a StreamHead (in place); returns the model."""
+    for m in model.modules():
+        if isinstance(m, LocalHead):
+            m.__class__ = StreamHead
+            m.__dict__.pop("_dz", None)
+    return model
+
+
 def free_heads(model, free_grad: str = "constant"):
     """Make every LocalHead of `model` a FreeHead (in place) with the given free_grad; returns the model."""
     if free_grad not in ("constant", "replayed"):
@@ -208,18 +249,21 @@ def free_heads(model, free_grad: str = "constant"):
     return model
 
 
-HEADS = ("fused", "torch", "free", "free-replayed")
+HEADS = ("fused", "torch", "free", "free-replayed", "stream")
 
 
 def with_heads(workload, heads: str, *args, **kw):
     """workload(*args, **kw) (e.g. `mlp_workload`) with fused ("fused"), PyTorch ("torch") or
     zero-cost heads (`FreeHead`: "free" back-propagates a constant, "free-replayed" the first
-    step's real head gradient); returns (model, inputs)."""
+    step's real head gradient) or stream heads ("stream": `StreamHead`, the fused kernel's bytes
+    without its math); returns (model, inputs)."""
     if heads not in HEADS:
         raise ValueError(f"heads must be one of {HEADS}, got {heads!r}")
     model, inputs = workload(*args, backend="torch" if heads == "torch" else "auto", **kw)
     if heads.startswith("free"):
         free_heads(model, "replayed" if heads == "free-replayed" else "constant")
+    elif heads == "stream":
+        stream_heads(model)
     return model, inputs
 
 
