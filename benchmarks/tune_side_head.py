@@ -65,22 +65,44 @@ def tile_study() -> list[dict]:
 
 def stream_study() -> list[dict]:
     """The fused head against `stream_head` (its bytes, tiles and grid without its math) alone,
-    TILE_CASES, with and without the ReLU in the head (relu(h) written by the kernel)."""
+    TILE_CASES, with and without the ReLU in the head (relu(h) written by the kernel), and the
+    dissection: the stream kernel with the fused kernel's row reduction, dz and loss put back
+    (+dz), and then its float-atomic sums and last-program tail too (+dz+tail: the fused C=1 BCE
+    path rebuilt). Also each kernel's programs per SM (the grid is occupancy x SMs x that)."""
+    from erase_triton.kernels import launch
     from erase_triton.kernels.stream_head import stream_head
     rows = []
     for dname, N, occ in TILE_CASES:
         dtype = torch.bfloat16 if dname == "bf16" else torch.float32
-        h, w, b, y, floor_us = bce_anchor(N, 512, 4300.0, dtype)
+        D = 512
+        h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
         dz = torch.randn(N, device="cuda")
+        y1 = y.reshape(N)
+        stride_g = -(-(D + 2) // 16) * 16
+        outs = (torch.empty_like(w), torch.empty_like(b), torch.empty(1, device="cuda"),
+                torch.zeros(4 * stride_g, device="cuda"), torch.zeros(16, dtype=torch.int32, device="cuda"))
         cfg = LaunchConfig(occupancy=occ)
         for relu in (False, True):
             act = torch.empty_like(h) if relu else None
             kw = dict(activation="relu") if relu else {}
-            fused = graph_us(lambda: fused_local_head(h, w, b, y, config=cfg, **kw))
-            stream = graph_us(lambda: stream_head(h, dz, w, relu=relu, act_out=act, config=cfg))
-            rows.append(dict(dtype=dname, N=N, D=512, occupancy=occ or 1.0, relu=int(relu), floor_us=floor_us,
-                             fused_us=fused, stream_us=stream, fused_over_stream=fused / stream))
-            print(rows[-1], flush=True)
+            ref = fused_local_head(h, w, b, y, config=cfg, **kw)
+            row = dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, relu=int(relu), floor_us=floor_us,
+                       fused_us=graph_us(lambda: fused_local_head(h, w, b, y, config=cfg, **kw)))
+            for name, dis in (("stream", None), ("stream_dz", dict(y=y1, bias=b, scale=1.0 / N)),
+                              ("stream_dz_tail", dict(y=y1, bias=b, scale=1.0 / N, outputs=outs))):
+                row[f"{name}_us"] = graph_us(lambda: stream_head(h, dz, w, relu=relu, act_out=act, config=cfg,
+                                                                dissect=dis))
+            g = stream_head(h, dz, w, relu=relu, act_out=act, config=cfg,
+                            dissect=dict(y=y1, bias=b, scale=1.0 / N, outputs=outs))
+            row["rebuilt_matches_fused"] = bool(torch.allclose(g.float(), ref.grad_h.float(), rtol=2e-2, atol=1e-6)
+                                                and torch.allclose(outs[0].float(), ref.grad_weight.float(), rtol=2e-2,
+                                                                   atol=1e-5)
+                                                and torch.allclose(outs[2][0], ref.loss, rtol=1e-3))
+            row["fused_over_stream"] = row["fused_us"] / row["stream_us"]
+            rows.append(row)
+            print(row, flush=True)
+    for (kernel, _, _), per_sm in launch._PER_SM.items():
+        print(f"# programs per SM: {getattr(getattr(kernel, 'fn', kernel), '__name__', kernel)} {per_sm}")
     return rows
 
 
@@ -99,7 +121,8 @@ def main():
     if args.stream:
         rows = stream_study()
         write_csv(args.out, rows, metadata())
-        print_table(rows, ["dtype", "N", "occupancy", "relu", "floor_us", "fused_us", "stream_us", "fused_over_stream"])
+        print_table(rows, ["dtype", "N", "occupancy", "relu", "floor_us", "fused_us", "stream_us", "stream_dz_us",
+                           "stream_dz_tail_us", "rebuilt_matches_fused"])
         return
     if args.tiles or args.grid:
         rows = grid_study() if args.grid else tile_study()

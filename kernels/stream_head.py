@@ -19,20 +19,27 @@ import triton
 import triton.language as tl
 
 from .launch import LaunchConfig, next_pow2, num_programs
-from .local_head import _dense_blocks, _relu_in, _relu_out
+from .local_head import _dense_blocks, _last_out, _reduce_rows, _relu_in, _relu_out, _reset
 
 __all__ = ["stream_head"]
 
 
 @triton.jit(do_not_specialize=["N", "n_tiles"])
-def _stream_head_kernel(h_ptr, dz_ptr, w_ptr, gh_ptr, act_ptr, part_ptr, N, D, stride_h, n_tiles,
+def _stream_head_kernel(h_ptr, dz_ptr, w_ptr, gh_ptr, act_ptr, part_ptr, y_ptr, b_ptr, gw_ptr, gb_ptr, loss_ptr,
+                        acc_ptr, ctr_ptr, N, D, stride_h, n_tiles, scale, stride_g,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
-                        RELU: tl.constexpr, STORE_ACT: tl.constexpr):
+                        RELU: tl.constexpr, STORE_ACT: tl.constexpr, COMPUTE_DZ: tl.constexpr,
+                        ATOMIC_TAIL: tl.constexpr, ACC_COPIES: tl.constexpr, BLOCK_R: tl.constexpr):
+    # COMPUTE_DZ / ATOMIC_TAIL put back, one at a time, what the fused kernel's C=1 BCE path adds
+    # (the logits' row reduction, dz and the loss; the float atomics into ACC_COPIES accumulators and
+    # the last program's sum): a dissection of the fused head's time, not a second head.
     pid = tl.program_id(0)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < D
     b_w = tl.load(w_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
     b_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
+    b_gb = tl.zeros([BLOCK_N], dtype=tl.float32)
     # the dense kernel's static split: program p takes row tiles p, p + P, ...
     for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
         o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
@@ -41,20 +48,48 @@ def _stream_head_kernel(h_ptr, dz_ptr, w_ptr, gh_ptr, act_ptr, part_ptr, N, D, s
         b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m, other=0.0), RELU)
         if STORE_ACT:
             tl.store(act_ptr + o_n[:, None] * D + o_d[None, :], b_h, mask=m)
-        b_dz = tl.load(dz_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
+        if COMPUTE_DZ:  # BCE, as the fused kernel computes it
+            b_z = tl.sum(b_h.to(tl.float32) * b_w[None, :], axis=1) + tl.load(b_ptr).to(tl.float32)
+            b_y = tl.load(y_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
+            b_loss += tl.where(m_n, tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z))), 0.0)
+            b_dz = tl.where(m_n, (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale, 0.0)
+            b_gb += b_dz
+        else:
+            b_dz = tl.load(dz_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
         b_gh = b_dz[:, None] * b_w[None, :]
         tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
                  mask=m)
         b_acc += tl.sum(b_dz[:, None] * b_h.to(tl.float32), axis=0)
-    tl.store(part_ptr + pid * BLOCK_D + o_d, b_acc, mask=m_d)
+    if ATOMIC_TAIL:
+        p_acc = acc_ptr + (pid % ACC_COPIES) * stride_g
+        tl.atomic_add(p_acc + o_d, b_acc, mask=m_d, sem="relaxed")
+        tl.atomic_add(p_acc + D, tl.sum(b_gb, axis=0), sem="relaxed")
+        tl.atomic_add(p_acc + D + 1, tl.sum(b_loss, axis=0), sem="relaxed")
+        if _last_out(ctr_ptr, tl.num_programs(0)):
+            tl.debug_barrier()
+            for r in range(0, tl.cdiv(D + 2, BLOCK_R)):
+                _reduce_rows(acc_ptr, stride_g, ACC_COPIES, D, 1, gw_ptr, gb_ptr, loss_ptr, scale, r,
+                             True, False, True, ACC_COPIES, BLOCK_R)
+                o_f = r * BLOCK_R + tl.arange(0, BLOCK_R)
+                for k in tl.static_range(ACC_COPIES):
+                    tl.store(acc_ptr + k * stride_g + o_f, tl.zeros([BLOCK_R], dtype=tl.float32), mask=o_f < D + 2)
+            _reset(ctr_ptr, 16)
+    else:
+        tl.store(part_ptr + pid * BLOCK_D + o_d, b_acc, mask=m_d)
 
 
 def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu: bool = False,
-                act_out: torch.Tensor | None = None, config: LaunchConfig = LaunchConfig()) -> torch.Tensor:
+                act_out: torch.Tensor | None = None, config: LaunchConfig = LaunchConfig(),
+                dissect: dict | None = None) -> torch.Tensor:
     """grad_h = dz[:, None] * weight (masked where h <= 0 if relu) for h [N, D] (unit stride on D),
     dz [N] float, weight [1, D]; act_out (relu only): a contiguous tensor like h that receives
     relu(h). The dense head's tile rule and grid for `config` (deterministic=False: its atomic,
-    statically split mode). Returns grad_h, contiguous, h's dtype."""
+    statically split mode). Returns grad_h, contiguous, h's dtype.
+
+    dissect (benchmarks only): dict(y=[N] float targets, bias=[1], scale=1/N) computes dz as the
+    fused BCE head does (dz is then ignored); dict(..., outputs=(grad_w [1, D], grad_b [1],
+    loss [1], acc, ctr)) also sums grad_W, grad_b and the loss with the fused kernel's atomics
+    (acc: >= 4 x stride_g zeroed fp32, ctr: 16 zeroed int32; both left zeroed)."""
     if h.dim() != 2 or h.stride(1) != 1:
         raise ValueError(f"h must be [N, D] with unit stride on D, got shape {tuple(h.shape)} strides {h.stride()}")
     N, D = h.shape
@@ -71,15 +106,25 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
         raise ValueError(f"stream_head covers whole-row tiles only (D <= {next_pow2(bd)}), got D={D}")
     grad_h = torch.empty_like(h)
     n_tiles = -(-N // bn)
-    cx = dict(BLOCK_N=bn, BLOCK_D=bd, NUM_STAGES=stages, RELU=relu, STORE_ACT=act_out is not None)
-    part_like = torch.empty(1, dtype=torch.float32, device=h.device)
+    d = dissect or {}
+    outs = d.get("outputs")
+    cx = dict(BLOCK_N=bn, BLOCK_D=bd, NUM_STAGES=stages, RELU=relu, STORE_ACT=act_out is not None,
+              COMPUTE_DZ="y" in d, ATOMIC_TAIL=outs is not None, ACC_COPIES=4, BLOCK_R=512)
+    if outs is not None and "y" not in d:
+        raise ValueError("dissect: outputs need y, bias and scale (the atomic tail sums what COMPUTE_DZ computes)")
+    stride_g = -(-(D + 2) // 16) * 16
+    part = torch.empty(1, dtype=torch.float32, device=h.device)  # (warm-up: any fp32 pointer)
+    y, b, scale = d.get("y", dz), d.get("bias", dz), float(d.get("scale", 1.0))
+    gw, gb, loss, acc, ctr = outs if outs is not None else (part, part, part, part, part)
 
-    def warmup():
-        return _stream_head_kernel.warmup(h, dz, weight, grad_h, grad_h, part_like, N, D, h.stride(0), n_tiles,
-                                          grid=(1,), num_warps=warps, **cx)
-    P = min(n_tiles, num_programs(_stream_head_kernel, (h.dtype, tuple(cx.items()), warps), warmup, h.device, warps,
-                                  config.occupancy, config.programs_per_sm))
-    part = torch.empty(P * bd, dtype=torch.float32, device=h.device)
-    act = act_out if act_out is not None else grad_h
-    _stream_head_kernel[(P,)](h, dz, weight, grad_h, act, part, N, D, h.stride(0), n_tiles, num_warps=warps, **cx)
+    def args(part):
+        act = act_out if act_out is not None else grad_h
+        return (h, dz, weight, grad_h, act, part, y, b, gw, gb, loss, acc, ctr, N, D, h.stride(0), n_tiles, scale,
+                stride_g)
+    P = min(n_tiles, num_programs(_stream_head_kernel, (h.dtype, tuple(cx.items()), warps),
+                                  lambda: _stream_head_kernel.warmup(*args(part), grid=(1,), num_warps=warps, **cx),
+                                  h.device, warps, config.occupancy, config.programs_per_sm))
+    if outs is None:
+        part = torch.empty(P * bd, dtype=torch.float32, device=h.device)
+    _stream_head_kernel[(P,)](*args(part), num_warps=warps, **cx)
     return grad_h
