@@ -14,6 +14,8 @@ heads) and on the whole device (the final head), at the b1024 and b4096 sizes; e
 is checked against the default launch and records its grid (P) and registers.
 --grid: LaunchConfig(programs_per_sm=1, 2, 3) against the default grid rule, same cases:
 fewer programs, more row tiles each, fewer end-of-kernel atomics.
+--regs: ptxas register caps (LaunchConfig(max_registers=...)) x 1-3 pipeline stages, same cases:
+fewer registers a thread, more programs an SM, more row tiles in flight.
 --stream: the default launch against `stream_head` (the same bytes, tiles and grid, none of
 the head's math), same cases, with and without the ReLU in the head.
 
@@ -32,6 +34,7 @@ from common import metadata, print_table, write_csv  # noqa: E402
 from tune_dense_head import bce_anchor, graph_us, measure_variant  # noqa: E402
 
 from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
+from erase_triton import functional as fn  # noqa: E402
 from erase_triton.reference import local_head as local_head_reference  # noqa: E402
 
 SHAPES = [(1024, 256), (1024, 512), (4096, 512)]
@@ -67,9 +70,9 @@ def stream_study() -> list[dict]:
     """The fused head against `stream_head` (its bytes, tiles and grid without its math) alone,
     TILE_CASES, with and without the ReLU in the head (relu(h) written by the kernel), and the
     dissection: the stream kernel with the fused kernel's row reduction, dz and loss put back
-    (+dz), and then its float-atomic sums and last-program tail too (+dz+tail: the fused C=1 BCE
-    path rebuilt). Also each kernel's programs per SM (the grid is occupancy x SMs x that)."""
-    from erase_triton.kernels import launch
+    (+dz; also with h loaded again after the reduction, and on 4 warps), and then its float-atomic
+    sums (atomics), the last-out counter (counter) and the last program's sum too (tail: the fused
+    C=1 BCE path rebuilt). Also each kernel's grid, registers, spills and shared memory."""
     from erase_triton.kernels.stream_head import stream_head
     rows = []
     for dname, N, occ in TILE_CASES:
@@ -88,10 +91,23 @@ def stream_study() -> list[dict]:
             ref = fused_local_head(h, w, b, y, config=cfg, **kw)
             row = dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, relu=int(relu), floor_us=floor_us,
                        fused_us=graph_us(lambda: fused_local_head(h, w, b, y, config=cfg, **kw)))
-            for name, dis in (("stream", None), ("stream_dz", dict(y=y1, bias=b, scale=1.0 / N)),
-                              ("stream_dz_tail", dict(y=y1, bias=b, scale=1.0 / N, outputs=outs))):
-                row[f"{name}_us"] = graph_us(lambda: stream_head(h, dz, w, relu=relu, act_out=act, config=cfg,
+            hl = list(fn._FAST.values())[-1][0]
+            ck = hl.compiled
+            row["fused_grid"] = (f"P={hl.P} regs={getattr(ck, 'n_regs', None)} spills={getattr(ck, 'n_spills', None)} "
+                                 f"smem={int(ck.metadata.shared)}")
+            bce = dict(y=y1, bias=b, scale=1.0 / N)
+            for name, dis, c in (("stream", None, cfg), ("stream_dz", bce, cfg),
+                                 ("stream_dz_reload", dict(bce, reload=True), cfg),
+                                 ("stream_dz_4warps", bce, LaunchConfig(occupancy=occ, num_warps=4)),
+                                 ("stream_dz_atomics", dict(bce, outputs=outs, tail=1), cfg),
+                                 ("stream_dz_counter", dict(bce, outputs=outs, tail=2), cfg),
+                                 ("stream_dz_tail", dict(bce, outputs=outs), cfg)):
+                row[f"{name}_us"] = graph_us(lambda: stream_head(h, dz, w, relu=relu, act_out=act, config=c,
                                                                 dissect=dis))
+                info = {}
+                stream_head(h, dz, w, relu=relu, act_out=act, config=c, dissect=dis, info=info)
+                row[f"{name}_grid"] = "P={P} regs={n_regs} spills={n_spills} smem={shared}".format(**info)
+                outs[3].zero_()  # (tail=1 leaves the accumulators dirty)
             g = stream_head(h, dz, w, relu=relu, act_out=act, config=cfg,
                             dissect=dict(y=y1, bias=b, scale=1.0 / N, outputs=outs))
             row["rebuilt_matches_fused"] = bool(torch.allclose(g.float(), ref.grad_h.float(), rtol=2e-2, atol=1e-6)
@@ -101,9 +117,12 @@ def stream_study() -> list[dict]:
             row["fused_over_stream"] = row["fused_us"] / row["stream_us"]
             rows.append(row)
             print(row, flush=True)
-    for (kernel, _, _), per_sm in launch._PER_SM.items():
-        print(f"# programs per SM: {getattr(getattr(kernel, 'fn', kernel), '__name__', kernel)} {per_sm}")
     return rows
+
+
+def regs_study() -> list[dict]:
+    return _study(lambda: [("default", {})] + [(f"maxnreg={r},st={st}", dict(max_registers=r, num_stages=st))
+                                               for r in (None, 168, 128, 112, 96, 80, 64) for st in (1, 2, 3)])
 
 
 def grid_study() -> list[dict]:
@@ -115,24 +134,30 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/side_head.csv")
     ap.add_argument("--tiles", action="store_true", help="the tile study (TILE_CASES x TILES)")
     ap.add_argument("--grid", action="store_true", help="programs_per_sm 1-3 against the default grid (TILE_CASES)")
+    ap.add_argument("--regs", action="store_true",
+                    help="LaunchConfig(max_registers=...) x pipeline stages against the default (TILE_CASES)")
     ap.add_argument("--stream", action="store_true", help="fused head vs stream_head (its bytes without its math)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.stream:
         rows = stream_study()
         write_csv(args.out, rows, metadata())
-        print_table(rows, ["dtype", "N", "occupancy", "relu", "floor_us", "fused_us", "stream_us", "stream_dz_us",
+        print_table(rows, ["dtype", "N", "occupancy", "relu", "fused_us", "stream_us", "stream_dz_us",
+                           "stream_dz_reload_us", "stream_dz_4warps_us", "stream_dz_atomics_us", "stream_dz_counter_us",
                            "stream_dz_tail_us", "rebuilt_matches_fused"])
+        for r in rows:
+            print(r["dtype"], r["N"], r["occupancy"], r["relu"], *(f"{k[:-5]}: {v}" for k, v in r.items()
+                                                                   if k.endswith("_grid")), sep=" | ")
         return
-    if args.tiles or args.grid:
-        rows = grid_study() if args.grid else tile_study()
+    if args.tiles or args.grid or args.regs:
+        rows = grid_study() if args.grid else regs_study() if args.regs else tile_study()
         write_csv(args.out, rows, metadata())
         for dname, N, occ in TILE_CASES:
             case = [r for r in rows if (r["dtype"], r["N"], r["occupancy"]) == (dname, N, occ or 1.0)]
             ok = sorted([r for r in case if "us" in r and r["matches_default"]], key=lambda r: r["us"])
             print(f"# {dname} N={N} occupancy={occ or 1.0}: default and the 5 fastest", flush=True)
             print_table([r for r in case if r["variant"] == "default"] + ok[:5],
-                        ["dtype", "N", "occupancy", "variant", "P", "n_regs", "us", "floor_us"])
+                        ["dtype", "N", "occupancy", "variant", "P", "n_regs", "n_spills", "us", "floor_us"])
         return
     rows = []
     for dname, dtype in (("bf16", torch.bfloat16), ("tf32", torch.float32)):

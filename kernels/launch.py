@@ -29,6 +29,8 @@ class LaunchConfig:
                     beside another stream's GEMMs leaves room for a GEMM CTA on each SM it
                     uses, instead of filling whole SMs (spread it with a larger occupancy).
                     H200, MLP proxy's side heads: no faster than the default (sched_s10b).
+    max_registers:  ptxas' cap on registers per thread (the `maxnreg` compile option; CUDA only);
+                    None: the kernel's default rule. Fewer registers fit more programs on an SM.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
@@ -59,7 +61,8 @@ class LaunchConfig:
     fp32_precision: str | None = None
     group_tiles: int | None = None
     deterministic: bool | None = None
-    programs_per_sm: int | None = None  # last: positional construction keeps its old meaning
+    programs_per_sm: int | None = None  # last fields: positional construction keeps its old meaning
+    max_registers: int | None = None
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
@@ -76,6 +79,9 @@ class LaunchConfig:
             raise ValueError(f"deterministic must be a bool or None, got {self.deterministic!r}")
         if self.programs_per_sm is not None and (not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1):
             raise ValueError(f"programs_per_sm must be a positive int or None, got {self.programs_per_sm!r}")
+        if self.max_registers is not None and (not isinstance(self.max_registers, int)
+                                               or not 24 <= self.max_registers <= 255):
+            raise ValueError(f"max_registers must be an int in [24, 255] or None, got {self.max_registers!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

@@ -852,10 +852,12 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
 class _Plan:
     """Everything about a launch that does not depend on N, computed once per key."""
 
-    __slots__ = ("kernel", "kind", "constexprs", "num_warps", "p_occ")
+    __slots__ = ("kernel", "kind", "constexprs", "num_warps", "opts", "p_occ")
 
-    def __init__(self, kernel, kind, constexprs, num_warps):
+    def __init__(self, kernel, kind, constexprs, num_warps, maxnreg=None):
         self.kernel, self.kind, self.constexprs, self.num_warps = kernel, kind, constexprs, num_warps
+        # compile options of every launch: num_warps, and ptxas' register cap where one is set
+        self.opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
         self.p_occ = None
 
 
@@ -894,7 +896,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
         kernel = _small_ce_kernel if kind == "small" else _vocab_ce_kernel
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
-    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps)
+    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, cfg.max_registers if cuda else None)
     return p
 
 
@@ -902,7 +904,7 @@ def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
     # make_args() builds warm-up arguments; only called when the plan is new
     if plan.p_occ is None or device.type != "cuda":
         plan.p_occ = num_programs(plan.kernel, id(plan), lambda: plan.kernel.warmup(
-            *make_args(), grid=(1,), num_warps=plan.num_warps, **plan.constexprs), device, plan.num_warps, cfg.occupancy,
+            *make_args(), grid=(1,), **plan.opts, **plan.constexprs), device, plan.num_warps, cfg.occupancy,
             cfg.programs_per_sm)
     return plan.p_occ
 
@@ -947,7 +949,7 @@ class HeadLaunch:
         act_out = act if self.store_act else grad_h  # (STORE_ACT=False: an unused pointer)
         if self.raw is None:
             self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act_out, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
-                                        *self.ints, num_warps=self.plan.num_warps, **self.plan.constexprs)
+                                        *self.ints, **self.plan.opts, **self.plan.constexprs)
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
@@ -1062,7 +1064,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     hl.raw = hl.compiled = None
     if cuda:
         hl.index = _device_index(dev)
-        hl.compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), num_warps=plan.num_warps, **cx)
+        hl.compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), **plan.opts, **cx)
         _direct_launcher(hl, hl.compiled)
     return hl
 

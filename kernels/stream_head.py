@@ -48,23 +48,30 @@ def _stream_head_kernel(h_ptr, dz_ptr, w_ptr, gh_ptr, act_ptr, part_ptr, y_ptr, 
         b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m, other=0.0), RELU)
         if STORE_ACT:
             tl.store(act_ptr + o_n[:, None] * D + o_d[None, :], b_h, mask=m)
-        if COMPUTE_DZ:  # BCE, as the fused kernel computes it
+        if COMPUTE_DZ > 0:  # BCE, as the fused kernel computes it
             b_z = tl.sum(b_h.to(tl.float32) * b_w[None, :], axis=1) + tl.load(b_ptr).to(tl.float32)
             b_y = tl.load(y_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
             b_loss += tl.where(m_n, tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z))), 0.0)
             b_dz = tl.where(m_n, (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale, 0.0)
             b_gb += b_dz
+            if COMPUTE_DZ == 2:  # h again (from L1 / L2) instead of holding the tile across the reduction
+                b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m, other=0.0,
+                                       cache_modifier=".ca"), RELU)
         else:
             b_dz = tl.load(dz_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
         b_gh = b_dz[:, None] * b_w[None, :]
         tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
                  mask=m)
         b_acc += tl.sum(b_dz[:, None] * b_h.to(tl.float32), axis=0)
-    if ATOMIC_TAIL:
+    if ATOMIC_TAIL > 0:  # 1: the atomics only; 2: and the last-out counter; 3: and the last program's sum
         p_acc = acc_ptr + (pid % ACC_COPIES) * stride_g
         tl.atomic_add(p_acc + o_d, b_acc, mask=m_d, sem="relaxed")
         tl.atomic_add(p_acc + D, tl.sum(b_gb, axis=0), sem="relaxed")
         tl.atomic_add(p_acc + D + 1, tl.sum(b_loss, axis=0), sem="relaxed")
+    if ATOMIC_TAIL == 2:
+        if _last_out(ctr_ptr, tl.num_programs(0)):
+            _reset(ctr_ptr, 16)
+    if ATOMIC_TAIL == 3:
         if _last_out(ctr_ptr, tl.num_programs(0)):
             tl.debug_barrier()
             for r in range(0, tl.cdiv(D + 2, BLOCK_R)):
@@ -74,22 +81,26 @@ def _stream_head_kernel(h_ptr, dz_ptr, w_ptr, gh_ptr, act_ptr, part_ptr, y_ptr, 
                 for k in tl.static_range(ACC_COPIES):
                     tl.store(acc_ptr + k * stride_g + o_f, tl.zeros([BLOCK_R], dtype=tl.float32), mask=o_f < D + 2)
             _reset(ctr_ptr, 16)
-    else:
+    if ATOMIC_TAIL == 0:
         tl.store(part_ptr + pid * BLOCK_D + o_d, b_acc, mask=m_d)
 
 
 def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu: bool = False,
                 act_out: torch.Tensor | None = None, config: LaunchConfig = LaunchConfig(),
-                dissect: dict | None = None) -> torch.Tensor:
+                dissect: dict | None = None, info: dict | None = None) -> torch.Tensor:
     """grad_h = dz[:, None] * weight (masked where h <= 0 if relu) for h [N, D] (unit stride on D),
     dz [N] float, weight [1, D]; act_out (relu only): a contiguous tensor like h that receives
     relu(h). The dense head's tile rule and grid for `config` (deterministic=False: its atomic,
     statically split mode). Returns grad_h, contiguous, h's dtype.
 
     dissect (benchmarks only): dict(y=[N] float targets, bias=[1], scale=1/N) computes dz as the
-    fused BCE head does (dz is then ignored); dict(..., outputs=(grad_w [1, D], grad_b [1],
-    loss [1], acc, ctr)) also sums grad_W, grad_b and the loss with the fused kernel's atomics
-    (acc: >= 4 x stride_g zeroed fp32, ctr: 16 zeroed int32; both left zeroed)."""
+    fused BCE head does (dz is then ignored; reload=True loads each h tile a second time after the
+    row reduction instead of holding it); dict(..., outputs=(grad_w [1, D], grad_b [1], loss [1],
+    acc, ctr)) also sums grad_W, grad_b and the loss with the fused kernel's atomics (acc: >= 4 x
+    stride_g zeroed fp32, ctr: 16 zeroed int32; both left zeroed), tail=1 (the atomics only; acc is
+    then left dirty), 2 (and the last-out counter) or 3 (default: and the last program's sum).
+    info: a dict that receives the grid size P, num_warps, and the compiled kernel's registers,
+    spills and shared memory."""
     if h.dim() != 2 or h.stride(1) != 1:
         raise ValueError(f"h must be [N, D] with unit stride on D, got shape {tuple(h.shape)} strides {h.stride()}")
     N, D = h.shape
@@ -109,7 +120,8 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
     d = dissect or {}
     outs = d.get("outputs")
     cx = dict(BLOCK_N=bn, BLOCK_D=bd, NUM_STAGES=stages, RELU=relu, STORE_ACT=act_out is not None,
-              COMPUTE_DZ="y" in d, ATOMIC_TAIL=outs is not None, ACC_COPIES=4, BLOCK_R=512)
+              COMPUTE_DZ=(2 if d.get("reload") else 1) if "y" in d else 0,
+              ATOMIC_TAIL=d.get("tail", 3) if outs is not None else 0, ACC_COPIES=4, BLOCK_R=512)
     if outs is not None and "y" not in d:
         raise ValueError("dissect: outputs need y, bias and scale (the atomic tail sums what COMPUTE_DZ computes)")
     stride_g = -(-(D + 2) // 16) * 16
@@ -124,6 +136,10 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
     P = min(n_tiles, num_programs(_stream_head_kernel, (h.dtype, tuple(cx.items()), warps),
                                   lambda: _stream_head_kernel.warmup(*args(part), grid=(1,), num_warps=warps, **cx),
                                   h.device, warps, config.occupancy, config.programs_per_sm))
+    if info is not None:  # the grid and what sized it
+        ck = _stream_head_kernel.warmup(*args(part), grid=(1,), num_warps=warps, **cx)
+        info.update(P=P, num_warps=warps, n_regs=getattr(ck, "n_regs", None), n_spills=getattr(ck, "n_spills", None),
+                    shared=int(ck.metadata.shared))
     if outs is None:
         part = torch.empty(P * bd, dtype=torch.float32, device=h.device)
     _stream_head_kernel[(P,)](*args(part), num_warps=warps, **cx)
