@@ -471,6 +471,20 @@ def test_bad_occupancy():
         LaunchConfig(group_tiles=0)
     with pytest.raises(ValueError, match="deterministic must be a bool or None"):
         LaunchConfig(deterministic="no")
+    for bad in (16, 256, 96.0):
+        with pytest.raises(ValueError, match=r"max_registers must be an int in \[24, 255\]"):
+            LaunchConfig(max_registers=bad)
+
+
+def test_max_registers_is_a_cuda_compile_option():
+    # ptxas' cap goes into every CUDA launch's compile options; the interpreter has no such option
+    from erase_triton.kernels.local_head import _plan
+    cfg = LaunchConfig(max_registers=96)
+    args = ("bce", "mean", 1, 512, torch.bfloat16, True, False, cfg)
+    assert _plan(*args, True, False, "ieee", False).opts == dict(num_warps=2, maxnreg=96)
+    assert _plan(*args, False, True, "ieee", False).opts == dict(num_warps=2)
+    assert _plan("bce", "mean", 1, 512, torch.bfloat16, True, False, LaunchConfig(), True, False, "ieee",
+                 False).opts == dict(num_warps=2)
 
 
 def test_wrong_type():
