@@ -54,10 +54,10 @@ def _study(variants, D: int = 512) -> list[dict]:
         dtype = torch.bfloat16 if dname == "bf16" else torch.float32
         h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
         base = fused_local_head(h, w, b, y, config=LaunchConfig(occupancy=occ))
-        for name, kw in variants():
+        for name, kw, *over in variants():  # (name, LaunchConfig kwargs[, constexpr overrides])
             rows.append(measure_variant(dict(dtype=dname, N=N, D=D, occupancy=occ or 1.0, variant=name,
                                              floor_us=floor_us), h, w, b, y, base, floor_us,
-                                        LaunchConfig(occupancy=occ, **kw)))
+                                        LaunchConfig(occupancy=occ, **kw), over[0] if over else None))
     return rows
 
 
@@ -121,8 +121,10 @@ def stream_study() -> list[dict]:
 
 
 def regs_study() -> list[dict]:
-    return _study(lambda: [("default", {})] + [(f"maxnreg={r},st={st}", dict(max_registers=r, num_stages=st))
-                                               for r in (None, 168, 128, 112, 96, 80, 64) for st in (1, 2, 3)])
+    return _study(lambda: [("default", {}), ("tail in 512-wide passes", {}, dict(BLOCK_R=512)),
+                           ("8 accumulator copies", {}, dict(ACC_COPIES=8))]
+                  + [(f"maxnreg={r},st={st}", dict(max_registers=r, num_stages=st))
+                     for r in (None, 168, 128, 112, 96, 80, 64) for st in (1, 2, 3)])
 
 
 def grid_study() -> list[dict]:

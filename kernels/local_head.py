@@ -785,13 +785,15 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     # With no barrier waiting on other programs, the row tiles can be split statically
     # (STRIDED: tiles p, p+P, ... in one pipelined loop, no claims), and the end-of-kernel atomics
     # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
-    # program out sums the copies in 4 x 512 loads). LaunchConfig(group_tiles=k) keeps claimed
+    # program out sums the copies in [4, BLOCK_R] loads). LaunchConfig(group_tiles=k) keeps claimed
     # groups of k tiles instead of the static split. H200, BCE D=1024 bf16
     # (tune_dense_head_fixed_s5a.csv, _s5b.csv): N=65536 76.2-77.1 vs 78.3-78.5 us with claimed groups and one
     # accumulator; N=8192 13.9 vs 16.7-16.8 us; N=1024 D=256 5.9 vs 6.5-6.6 us.
     atomic = not deterministic and bd >= D
     if atomic:
-        br = 512
+        # the last program's sum of the copies in one pass where it fits 2048 columns (C=1 D=512: 514
+        # floats, one 1024-wide load instead of two dependent 512-wide ones)
+        br = min(2048, next_pow2(C * D + C + 1))
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
                 BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=atomic and not cfg.group_tiles,
                 ACC_COPIES=4 if atomic else 1,
