@@ -749,6 +749,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     else:
         bd = 128
     rows_c1 = bd >= D and block_c == 1 and bd >= 512  # long whole rows, no tl.dot: a bandwidth-bound stream
+    maxnreg = None  # ptxas' register cap (LaunchConfig.max_registers overrides)
     if rows_c1:
         # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
         # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
@@ -761,6 +762,13 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         half = esize == 4 and bd >= 2048
         bn = cfg.block_n or max(1, min(8, (4096 if half else 8192) // bd))
         warps, stages = (4, 1) if half else (2, 2)
+        # Beside another stream (occupancy < 1) a program's row tiles run as a dependent chain, and
+        # its length is N / (rows a tile x programs); ptxas' default of ~200 registers a thread fits
+        # 5 programs an SM. Capped at 128 (some spills), 8 fit: H200, 8 x 512 tiles at 1/8
+        # (side_head_regs_s14e.csv): N=4096 tf32 15.1 -> 10.8 µs, bf16 15.3 -> 11.1, N=1024 tf32
+        # 6.8 -> 5.8. The whole device gains nothing (one tile a program already). Measured at D=512.
+        if cuda and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1 and not cfg.max_registers:
+            maxnreg = 128
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
         # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
@@ -794,7 +802,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # the last program's sum of the copies in one pass where it fits 2048 columns (C=1 D=512: 514
         # floats, one 1024-wide load instead of two dependent 512-wide ones)
         br = min(2048, next_pow2(C * D + C + 1))
-    return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd,
+    return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd, maxnreg=maxnreg,
                 BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=atomic and not cfg.group_tiles,
                 ACC_COPIES=4 if atomic else 1,
                 num_warps=cfg.num_warps or warps)
@@ -886,6 +894,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
     else:
         blk = _vocab_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
+    maxnreg = blk.pop("maxnreg", None)
     # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
     # kernel reads h once per vocabulary tile and has no such output (the caller applies the ReLU)
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
@@ -898,7 +907,7 @@ def _plan(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_f
         kernel = _small_ce_kernel if kind == "small" else _vocab_ce_kernel
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
-    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, cfg.max_registers if cuda else None)
+    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)
     return p
 
 
