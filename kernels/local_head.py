@@ -767,7 +767,11 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # 5 programs an SM. Capped at 128 (some spills), 8 fit: H200, 8 x 512 tiles at 1/8
         # (side_head_regs_s14e.csv): N=4096 tf32 15.1 -> 10.8 µs, bf16 15.3 -> 11.1, N=1024 tf32
         # 6.8 -> 5.8. The whole device gains nothing (one tile a program already). Measured at D=512.
-        if cuda and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1 and not cfg.max_registers:
+        # fp32 only: in the graphed MLP w512 step (sched_s14f) the capped bf16 side heads made the
+        # step 1.5-4.5% slower (fused / PyTorch heads b1024 1.21 -> 1.15, b4096 with the ReLU in
+        # the head 1.13 -> 1.08), while tf32 held or gained (b4096, ReLU in the head, 1.14 -> 1.16).
+        if cuda and esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1 \
+                and not cfg.max_registers:
             maxnreg = 128
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:

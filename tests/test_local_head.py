@@ -485,10 +485,13 @@ def test_max_registers_is_a_cuda_compile_option():
     assert _plan(*args, False, True, "ieee", False).opts == dict(num_warps=2)
     assert _plan("bce", "mean", 1, 512, torch.bfloat16, True, False, LaunchConfig(), True, False, "ieee",
                  False).opts == dict(num_warps=2)
-    # the rule's own cap: 8 x 512 row tiles beside another stream (occupancy < 1), not on the whole device
+    # the rule's own cap: 8 x 512 fp32 row tiles beside another stream (occupancy < 1), not on the whole device,
+    # not in bf16
     assert _plan("bce", "mean", 1, 512, torch.float32, True, False, LaunchConfig(0.125), True, False, "tf32",
                  False).opts == dict(num_warps=2, maxnreg=128)
     assert _plan("bce", "mean", 1, 1024, torch.float32, True, False, LaunchConfig(0.125), True, False, "tf32",
+                 False).opts == dict(num_warps=2)
+    assert _plan("bce", "mean", 1, 512, torch.bfloat16, True, False, LaunchConfig(0.125), True, False, "ieee",
                  False).opts == dict(num_warps=2)
 
 
