@@ -115,6 +115,7 @@ def plot_schedule(rows: list[dict], path: str):
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 5.5))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
+              ("graph_stream_vs_torch_heads", "stream heads (the fused kernel's bytes, none of its math) / PyTorch heads"),
               ("graph_free_vs_torch_heads", "zero-cost heads (constant gradient) / PyTorch heads (graphed erase)"),
               ("graph_free_replayed_vs_torch_heads", "zero-cost heads replaying a real gradient / PyTorch heads: "
                                                      "the most any head buys"),
@@ -258,6 +259,30 @@ def plot_side_head(rows: list[dict], path: str):
     _save(fig, path)
 
 
+STREAM_STEPS = [("stream_us", "stream: the bytes only"), ("stream_dz_us", "+ row reduction, dz"),
+                ("stream_dz_reload_us", "+ row reduction, h loaded twice"), ("stream_dz_atomics_us", "+ loss, atomics"),
+                ("stream_dz_counter_us", "+ last-out counter"), ("stream_dz_tail_us", "+ last program's sum"),
+                ("fused_us", "fused head")]
+
+
+def plot_side_head_stream(rows: list[dict], path: str):
+    """tune_side_head.py --stream: the fused C=1 head against its bytes alone (stream_head), and the
+    pieces of the fused kernel put back one at a time."""
+    steps = [(k, lab) for k, lab in STREAM_STEPS if k in rows[0]]
+    cases = [f"{r['dtype']} N={r['N']}\nocc {float(r['occupancy']):g}" + (" ReLU" if str(r["relu"]) == "1" else "")
+             for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.0 * len(rows)), 4.2))
+    w = 0.8 / len(steps)
+    for i, (k, lab) in enumerate(steps):
+        ax.bar([j + i * w for j in range(len(rows))], [_f(r, k) for r in rows], w, label=lab)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(rows))])
+    ax.set_xticklabels(cases, fontsize=7)
+    ax.set_ylabel("µs per call (graph replay)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"BCE head D=512: its bytes, then its math put back ({_gpu(rows)})", fontsize=9)
+    _save(fig, path)
+
+
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     """Draw the plot that fits a result CSV's columns; returns the PNG path."""
     from .study import read_csv
@@ -270,7 +295,9 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     folder = out_dir or os.path.dirname(csv_path) or "."
     os.makedirs(folder, exist_ok=True)
     out = os.path.join(folder, stem + ".png")
-    if {"group_tiles", "us", "occupancy"} <= cols and "path" not in cols:
+    if {"fused_us", "stream_us"} <= cols:
+        plot_side_head_stream(rows, out)
+    elif {"group_tiles", "us", "occupancy"} <= cols and "path" not in cols:
         plot_side_head(rows, out)
     elif {"path", "tiles", "us"} <= cols:
         plot_ce_path(rows, out)
