@@ -123,7 +123,7 @@ def stream_study() -> list[dict]:
 def regs_study() -> list[dict]:
     return _study(lambda: [("default", {}), ("tail in 512-wide passes", {}, dict(BLOCK_R=512)),
                            ("8 accumulator copies", {}, dict(ACC_COPIES=8))]
-                  + [(f"maxnreg={r},st={st}", dict(max_registers=r, num_stages=st))
+                  + [(f"maxnreg={r or 'rule'},st={st}", dict(max_registers=r, num_stages=st))
                      for r in (None, 168, 128, 112, 96, 80, 64) for st in (1, 2, 3)])
 
 

@@ -770,8 +770,7 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # fp32 only: in the graphed MLP w512 step (sched_s14f) the capped bf16 side heads made the
         # step 1.5-4.5% slower (fused / PyTorch heads b1024 1.21 -> 1.15, b4096 with the ReLU in
         # the head 1.13 -> 1.08), while tf32 held or gained (b4096, ReLU in the head, 1.14 -> 1.16).
-        if cuda and esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1 \
-                and not cfg.max_registers:
+        if cuda and esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1:
             maxnreg = 128
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:

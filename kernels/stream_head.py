@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, next_pow2, num_programs
+from .launch import LaunchConfig, num_programs
 from .local_head import _dense_blocks, _last_out, _reduce_rows, _relu_in, _relu_out, _reset
 
 __all__ = ["stream_head"]
@@ -90,8 +90,8 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
                 dissect: dict | None = None, info: dict | None = None) -> torch.Tensor:
     """grad_h = dz[:, None] * weight (masked where h <= 0 if relu) for h [N, D] (unit stride on D),
     dz [N] float, weight [1, D]; act_out (relu only): a contiguous tensor like h that receives
-    relu(h). The dense head's tile rule and grid for `config` (deterministic=False: its atomic,
-    statically split mode). Returns grad_h, contiguous, h's dtype.
+    relu(h). The dense head's tile rule, register cap and grid for `config` (deterministic=False:
+    its atomic, statically split mode). Returns grad_h, contiguous, h's dtype.
 
     dissect (benchmarks only): dict(y=[N] float targets, bias=[1], scale=1/N) computes dz as the
     fused BCE head does (dz is then ignored; reload=True loads each h tile a second time after the
@@ -114,11 +114,13 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
     blk = _dense_blocks(D, 1, config, cuda, False, h.element_size())
     bn, bd, stages, warps = blk["BLOCK_N"], blk["BLOCK_D"], blk["NUM_STAGES"], blk["num_warps"]
     if bd < D:
-        raise ValueError(f"stream_head covers whole-row tiles only (D <= {next_pow2(bd)}), got D={D}")
+        raise ValueError(f"stream_head covers whole-row tiles only; the dense rule splits D={D} into chunks of {bd}")
     grad_h = torch.empty_like(h)
     n_tiles = -(-N // bn)
     d = dissect or {}
     outs = d.get("outputs")
+    maxnreg = (config.max_registers or blk["maxnreg"]) if cuda else None  # the dense plan's register cap
+    opts = dict(num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
     cx = dict(BLOCK_N=bn, BLOCK_D=bd, NUM_STAGES=stages, RELU=relu, STORE_ACT=act_out is not None,
               COMPUTE_DZ=(2 if d.get("reload") else 1) if "y" in d else 0,
               ATOMIC_TAIL=d.get("tail", 3) if outs is not None else 0, ACC_COPIES=4, BLOCK_R=512)
@@ -134,13 +136,13 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
         return (h, dz, weight, grad_h, act, part, y, b, gw, gb, loss, acc, ctr, N, D, h.stride(0), n_tiles, scale,
                 stride_g)
     P = min(n_tiles, num_programs(_stream_head_kernel, (h.dtype, tuple(cx.items()), warps),
-                                  lambda: _stream_head_kernel.warmup(*args(part), grid=(1,), num_warps=warps, **cx),
+                                  lambda: _stream_head_kernel.warmup(*args(part), grid=(1,), **opts, **cx),
                                   h.device, warps, config.occupancy, config.programs_per_sm))
     if info is not None:  # the grid and what sized it
-        ck = _stream_head_kernel.warmup(*args(part), grid=(1,), num_warps=warps, **cx)
+        ck = _stream_head_kernel.warmup(*args(part), grid=(1,), **opts, **cx)
         info.update(P=P, num_warps=warps, n_regs=getattr(ck, "n_regs", None), n_spills=getattr(ck, "n_spills", None),
                     shared=int(ck.metadata.shared))
     if outs is None:
         part = torch.empty(P * bd, dtype=torch.float32, device=h.device)
-    _stream_head_kernel[(P,)](*args(part), num_warps=warps, **cx)
+    _stream_head_kernel[(P,)](*args(part), **opts, **cx)
     return grad_h

@@ -495,6 +495,34 @@ def test_max_registers_is_a_cuda_compile_option():
                  False).opts == dict(num_warps=2)
 
 
+@pytest.mark.parametrize("relu", [False, True])
+def test_stream_head_dissection_rebuilds_the_fused_head(relu):
+    # kernels/stream_head.py: with every piece of the fused C=1 BCE path put back (dz, loss, atomics,
+    # last-out sum) it computes what fused_local_head computes; with dz given, the same grad_h
+    from erase_triton.kernels.stream_head import stream_head
+    torch.manual_seed(0)
+    N, D = 100, 512
+    h, w, b, y = torch.randn(N, D), torch.randn(1, D) / 20, torch.randn(1), torch.rand(N).round()
+    ref = fused_local_head(h, w, b, y[:, None], activation="relu" if relu else None)
+    stride_g = -(-(D + 2) // 16) * 16
+    outs = (torch.empty(1, D), torch.empty(1), torch.empty(1), torch.zeros(4 * stride_g),
+            torch.zeros(16, dtype=torch.int32))
+    act = torch.empty_like(h) if relu else None
+    g = stream_head(h, torch.zeros(N), w, relu=relu, act_out=act, config=LaunchConfig(0.5),
+                    dissect=dict(y=y, bias=b, scale=1.0 / N, outputs=outs))
+    torch.testing.assert_close(g, ref.grad_h)
+    torch.testing.assert_close(outs[0], ref.grad_weight)
+    torch.testing.assert_close(outs[1], ref.grad_bias)
+    torch.testing.assert_close(outs[2][0], ref.loss)
+    assert not outs[3].any() and not outs[4].any()  # accumulators and counters left zeroed
+    if relu:
+        torch.testing.assert_close(act, h.clamp_min(0))
+    dz = torch.sigmoid(torch.nn.functional.linear(h.clamp_min(0) if relu else h, w, b)[:, 0]) - y
+    torch.testing.assert_close(stream_head(h, dz / N, w, relu=relu), ref.grad_h)
+    with pytest.raises(ValueError, match="weight must be"):
+        stream_head(h, dz, torch.randn(2, D))
+
+
 def test_wrong_type():
     with pytest.raises(TypeError, match="h must be a torch.Tensor"):
         fused_local_head([1.0], torch.zeros(1, 1), None, torch.zeros(1))
