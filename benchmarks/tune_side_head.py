@@ -73,7 +73,7 @@ def stream_study() -> list[dict]:
     (+dz; also with h loaded again after the reduction, and on 4 warps), and then its float-atomic
     sums (atomics), the last-out counter (counter) and the last program's sum too (tail: the fused
     C=1 BCE path rebuilt). Also each kernel's grid, registers, spills and shared memory."""
-    from erase_triton.kernels.stream_head import stream_head
+    from erase_triton.kernels.stream_head import dissect_outputs, stream_head
     rows = []
     for dname, N, occ in TILE_CASES:
         dtype = torch.bfloat16 if dname == "bf16" else torch.float32
@@ -81,9 +81,7 @@ def stream_study() -> list[dict]:
         h, w, b, y, floor_us = bce_anchor(N, D, 4300.0, dtype)
         dz = torch.randn(N, device="cuda")
         y1 = y.reshape(N)
-        stride_g = -(-(D + 2) // 16) * 16
-        outs = (torch.empty_like(w), torch.empty_like(b), torch.empty(1, device="cuda"),
-                torch.zeros(4 * stride_g, device="cuda"), torch.zeros(16, dtype=torch.int32, device="cuda"))
+        outs = dissect_outputs(D, "cuda", dtype)
         cfg = LaunchConfig(occupancy=occ)
         for relu in (False, True):
             act = torch.empty_like(h) if relu else None

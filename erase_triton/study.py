@@ -228,25 +228,27 @@ class StreamHead(LocalHead):
         return out
 
 
-def stream_heads(model):
-    """Make every LocalHead of `model` a StreamHead (in place); returns the model."""
+def _swap_heads(model, cls, cached: str, **attrs):
+    """Make every LocalHead of `model` a `cls` (in place), with attrs set and the cached replay
+    state (`cached`) dropped; returns the model."""
     for m in model.modules():
         if isinstance(m, LocalHead):
-            m.__class__ = StreamHead
-            m.__dict__.pop("_dz", None)
+            m.__class__ = cls
+            m.__dict__.update(attrs)
+            m.__dict__.pop(cached, None)
     return model
+
+
+def stream_heads(model):
+    """Make every LocalHead of `model` a StreamHead (in place); returns the model."""
+    return _swap_heads(model, StreamHead, "_dz")
 
 
 def free_heads(model, free_grad: str = "constant"):
     """Make every LocalHead of `model` a FreeHead (in place) with the given free_grad; returns the model."""
     if free_grad not in ("constant", "replayed"):
         raise ValueError(f"free_grad must be 'constant' or 'replayed', got {free_grad!r}")
-    for m in model.modules():
-        if isinstance(m, LocalHead):
-            m.__class__ = FreeHead
-            m.free_grad = free_grad
-            m.__dict__.pop("_free_grad", None)
-    return model
+    return _swap_heads(model, FreeHead, "_free_grad", free_grad=free_grad)
 
 
 HEADS = ("fused", "torch", "free", "free-replayed", "stream")

@@ -770,8 +770,8 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # fp32 only: in the graphed MLP w512 step (sched_s14f) the capped bf16 side heads made the
         # step 1.5-4.5% slower (fused / PyTorch heads b1024 1.21 -> 1.15, b4096 with the ReLU in
         # the head 1.13 -> 1.08), while tf32 held or gained (b4096, ReLU in the head, 1.14 -> 1.16).
-        if cuda and esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1:
-            maxnreg = 128
+        if esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1:
+            maxnreg = 128  # (CUDA launches only: `_plan` and `stream_head` drop it under the interpreter)
     elif bd >= D and block_c == 1:
         # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
         # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
@@ -865,13 +865,17 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
 class _Plan:
     """Everything about a launch that does not depend on N, computed once per key."""
 
-    __slots__ = ("kernel", "kind", "constexprs", "num_warps", "opts", "p_occ")
+    __slots__ = ("kernel", "kind", "constexprs", "opts", "p_occ")
 
     def __init__(self, kernel, kind, constexprs, num_warps, maxnreg=None):
-        self.kernel, self.kind, self.constexprs, self.num_warps = kernel, kind, constexprs, num_warps
+        self.kernel, self.kind, self.constexprs = kernel, kind, constexprs
         # compile options of every launch: num_warps, and ptxas' register cap where one is set
         self.opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
         self.p_occ = None
+
+    @property
+    def num_warps(self) -> int:
+        return self.opts["num_warps"]
 
 
 _PLANS: dict = {}

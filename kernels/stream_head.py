@@ -21,7 +21,22 @@ import triton.language as tl
 from .launch import LaunchConfig, num_programs
 from .local_head import _dense_blocks, _last_out, _reduce_rows, _relu_in, _relu_out, _reset
 
-__all__ = ["stream_head"]
+__all__ = ["dissect_outputs", "stream_head"]
+
+_ACC_COPIES = 4  # as the dense kernel's atomic mode
+
+
+def _stride_g(D: int) -> int:
+    # one accumulator copy: [grad_W (D) | grad_b | loss], padded to 16 floats
+    return -(-(D + 2) // 16) * 16
+
+
+def dissect_outputs(D: int, device, dtype=torch.float32) -> tuple:
+    """The `outputs` of `stream_head(dissect=)` for a C=1 head of width D: grad_w [1, D] and grad_b
+    [1] in dtype, loss [1] fp32, and the zeroed accumulator copies and counters the atomic tail needs."""
+    return (torch.empty(1, D, device=device, dtype=dtype), torch.empty(1, device=device, dtype=dtype),
+            torch.empty(1, device=device), torch.zeros(_ACC_COPIES * _stride_g(D), device=device),
+            torch.zeros(16, dtype=torch.int32, device=device))
 
 
 @triton.jit(do_not_specialize=["N", "n_tiles"])
@@ -95,10 +110,10 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
 
     dissect (benchmarks only): dict(y=[N] float targets, bias=[1], scale=1/N) computes dz as the
     fused BCE head does (dz is then ignored; reload=True loads each h tile a second time after the
-    row reduction instead of holding it); dict(..., outputs=(grad_w [1, D], grad_b [1], loss [1],
-    acc, ctr)) also sums grad_W, grad_b and the loss with the fused kernel's atomics (acc: >= 4 x
-    stride_g zeroed fp32, ctr: 16 zeroed int32; both left zeroed), tail=1 (the atomics only; acc is
-    then left dirty), 2 (and the last-out counter) or 3 (default: and the last program's sum).
+    row reduction instead of holding it); dict(..., outputs=`dissect_outputs(D, ...)`) also sums
+    grad_W, grad_b and the loss with the fused kernel's atomics (its accumulators and counters are
+    left zeroed), tail=1 (the atomics only; the accumulators are then left dirty), 2 (and the
+    last-out counter) or 3 (default: and the last program's sum).
     info: a dict that receives the grid size P, num_warps, and the compiled kernel's registers,
     spills and shared memory."""
     if h.dim() != 2 or h.stride(1) != 1:
@@ -123,10 +138,10 @@ def stream_head(h: torch.Tensor, dz: torch.Tensor, weight: torch.Tensor, *, relu
     opts = dict(num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
     cx = dict(BLOCK_N=bn, BLOCK_D=bd, NUM_STAGES=stages, RELU=relu, STORE_ACT=act_out is not None,
               COMPUTE_DZ=(2 if d.get("reload") else 1) if "y" in d else 0,
-              ATOMIC_TAIL=d.get("tail", 3) if outs is not None else 0, ACC_COPIES=4, BLOCK_R=512)
+              ATOMIC_TAIL=d.get("tail", 3) if outs is not None else 0, ACC_COPIES=_ACC_COPIES, BLOCK_R=512)
     if outs is not None and "y" not in d:
         raise ValueError("dissect: outputs need y, bias and scale (the atomic tail sums what COMPUTE_DZ computes)")
-    stride_g = -(-(D + 2) // 16) * 16
+    stride_g = _stride_g(D)
     part = torch.empty(1, dtype=torch.float32, device=h.device)  # (warm-up: any fp32 pointer)
     y, b, scale = d.get("y", dz), d.get("bias", dz), float(d.get("scale", 1.0))
     gw, gb, loss, acc, ctr = outs if outs is not None else (part, part, part, part, part)

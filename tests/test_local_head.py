@@ -499,14 +499,12 @@ def test_max_registers_is_a_cuda_compile_option():
 def test_stream_head_dissection_rebuilds_the_fused_head(relu):
     # kernels/stream_head.py: with every piece of the fused C=1 BCE path put back (dz, loss, atomics,
     # last-out sum) it computes what fused_local_head computes; with dz given, the same grad_h
-    from erase_triton.kernels.stream_head import stream_head
+    from erase_triton.kernels.stream_head import dissect_outputs, stream_head
     torch.manual_seed(0)
     N, D = 100, 512
     h, w, b, y = torch.randn(N, D), torch.randn(1, D) / 20, torch.randn(1), torch.rand(N).round()
     ref = fused_local_head(h, w, b, y[:, None], activation="relu" if relu else None)
-    stride_g = -(-(D + 2) // 16) * 16
-    outs = (torch.empty(1, D), torch.empty(1), torch.empty(1), torch.zeros(4 * stride_g),
-            torch.zeros(16, dtype=torch.int32))
+    outs = dissect_outputs(D, "cpu")
     act = torch.empty_like(h) if relu else None
     g = stream_head(h, torch.zeros(N), w, relu=relu, act_out=act, config=LaunchConfig(0.5),
                     dissect=dict(y=y, bias=b, scale=1.0 / N, outputs=outs))
