@@ -20,9 +20,9 @@ summary columns *_equal_prio / eager_equal_priority_vs_seq*. --relu-in-head on|b
 blocks hand their last ReLU to the head (`MLPChain(relu_in_head=True)`, LocalHead(activation=
 "relu")); "both" runs each MLP config both ways (column relu_in_head). --captures K: each
 graphed row is the median over K separate captures (one capture's replays vary by ~±3%).
---beside OCC[:PPS],...: the launch of the heads that run beside the next segment
-(LaunchConfig(occupancy=OCC, programs_per_sm=PPS)), replacing occupancy="auto" and its size rule;
---final OCC[:PPS],...: the final head's. Several settings run each config once per setting
+--beside OCC[:PPS][:FIELD=INT],...: the launch of the heads that run beside the next segment
+(LaunchConfig(occupancy=OCC, programs_per_sm=PPS, FIELD=INT), e.g. 0.125:two_pass=1:block_n=16),
+replacing occupancy="auto" and its size rule; --final (same form): the final head's. Several settings run each config once per setting
 (columns beside, final). CSV with GPU metadata.
 """
 from __future__ import annotations
@@ -77,9 +77,16 @@ def _group_tiles(model, heads, group_tiles=None):
 
 
 def _config(spec):
-    """"OCC[:PPS]" -> LaunchConfig(occupancy=OCC or None for 1, programs_per_sm=PPS)."""
-    occ, _, pps = spec.partition(":")
-    return LaunchConfig(occupancy=None if float(occ) == 1.0 else float(occ), programs_per_sm=int(pps) if pps else None)
+    """"OCC[:PPS][:FIELD=INT]..." -> LaunchConfig(occupancy=OCC or None for 1, programs_per_sm=PPS, FIELD=INT),
+    e.g. "0.125:two_pass=1:block_n=16" (two_pass takes 0 or 1)."""
+    occ, *rest = spec.split(":")
+    kw = {}
+    for part in rest:
+        key, eq, val = part.partition("=")
+        if not eq:
+            key, val = "programs_per_sm", part
+        kw[key] = bool(int(val)) if key == "two_pass" else int(val)
+    return LaunchConfig(occupancy=None if float(occ) == 1.0 else float(occ), **kw)
 
 
 def _launch_configs(model, beside, final):
@@ -264,9 +271,11 @@ def main():
                     help="MLP blocks hand their last ReLU to the head (LocalHead(activation='relu')); both: each "
                          "config both ways")
     ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
-    ap.add_argument("--final", default="", help="OCC[:PPS],...: LaunchConfig of the MLP's final head; each a row")
-    ap.add_argument("--beside", default="", help="OCC[:PPS],...: LaunchConfig(occupancy=OCC, programs_per_sm=PPS) "
-                    "of the heads beside the next segment (default: the library's); each setting a row")
+    ap.add_argument("--final", default="", help="OCC[:PPS][:FIELD=INT],...: LaunchConfig of the MLP's final head; "
+                    "each a row")
+    ap.add_argument("--beside", default="", help="OCC[:PPS][:FIELD=INT],...: LaunchConfig(occupancy=OCC, "
+                    "programs_per_sm=PPS, FIELD=INT) of the heads beside the next segment (default: the library's); "
+                    "each setting a row")
     args = ap.parse_args()
     global PRIORITIES, CAPTURES
     PRIORITIES = args.priorities or Scheduler().priorities

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
-#   parts: tests ktests host step tune side tiles regs stream head ce schedule sweep trace bench partition   (default: all; together they need more than
+#   parts: tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench partition   (default: all; together they need more than
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS;
-# TESTS_K / KTESTS_K select tests (pytest -k) of the tests / ktests parts, CE_OUT, REGS_OUT, STREAM_OUT and SCHED_OUT name the ce, regs, stream and schedule parts' CSVs.
+# TESTS_K / KTESTS_K select tests (pytest -k) of the tests / ktests parts, CE_OUT, REGS_OUT, STREAM_OUT, TWOPASS_OUT and SCHED_OUT name the ce, regs, stream, twopass and schedule parts' CSVs.
 set -u
 RES=${1:-benchmarks/results}; shift || true
-PARTS=${*:-tests ktests host step tune side tiles regs stream head ce schedule sweep trace bench partition}
+PARTS=${*:-tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench partition}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -25,7 +25,7 @@ for p in $PARTS; do
     tests)    timeout ${T_TESTS:-420} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
                 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -30 ;;
     ktests)   timeout ${T_KTESTS:-540} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_local_head.py \
-                -k "${KTESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows}" 2>&1 | tail -30 ;;
+                -k "${KTESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows or two_pass}" 2>&1 | tail -30 ;;
     host)     timeout ${T_HOST:-60} python3 benchmarks/profile_host.py 2>&1 | head -40 ;;
     step)     timeout ${T_STEP:-90} python3 benchmarks/profile_step.py 2>&1 | grep -v "^$" | head -70 ;;
     tune)     timeout ${T_TUNE:-240} python3 benchmarks/tune_dense_head.py --out "$RES/tune_dense_head.csv" ${TUNE_ARGS:-} | grep -v "^{" ;;
@@ -33,6 +33,7 @@ for p in $PARTS; do
     tiles)    timeout ${T_TILES:-240} python3 benchmarks/tune_side_head.py --tiles --out "$RES/side_head_tiles.csv" | grep -v "^{" ;;
     regs)     timeout ${T_REGS:-180} python3 benchmarks/tune_side_head.py --regs --out "$RES/${REGS_OUT:-side_head_regs.csv}" | grep -v "^{" ;;
     stream)   timeout ${T_STREAM:-120} python3 benchmarks/tune_side_head.py --stream --out "$RES/${STREAM_OUT:-side_head_stream.csv}" | grep -v "^{" ;;
+    twopass)  timeout ${T_TWOPASS:-240} python3 benchmarks/tune_side_head.py --two-pass --out "$RES/${TWOPASS_OUT:-side_head_two_pass.csv}" | grep -v "^{" ;;
     ce)       timeout ${T_CE:-200} python3 benchmarks/bench_ce_path.py --out "$RES/${CE_OUT:-ce_path.csv}" ${CE_ARGS:-} | grep -v "^{" ;;
     head)     timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     schedule) timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/${SCHED_OUT:-schedule.csv}" ${SCHED_ARGS:-} | grep -v "^{" ;;

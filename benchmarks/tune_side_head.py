@@ -16,6 +16,8 @@ is checked against the default launch and records its grid (P) and registers.
 fewer programs, more row tiles each, fewer end-of-kernel atomics.
 --regs: ptxas register caps (LaunchConfig(max_registers=...)) x 1-3 pipeline stages, same cases:
 fewer registers a thread, more programs an SM, more row tiles in flight.
+--two-pass: LaunchConfig(two_pass=True) (dz of a program's tiles first, then grad_h and grad_W
+from h read again) x rows per tile x warps x pipeline stages, against the default launch.
 --stream: the default launch against `stream_head` (the same bytes, tiles and grid, none of
 the head's math), same cases, with and without the ReLU in the head.
 
@@ -125,6 +127,13 @@ def regs_study() -> list[dict]:
                      for r in (None, 168, 128, 112, 96, 80, 64) for st in (1, 2, 3)])
 
 
+def two_pass_study() -> list[dict]:
+    return _study(lambda: [("default", {})] + [(f"two_pass bn={bn},nw={nw},st={st}",
+                                                dict(two_pass=True, block_n=bn, num_warps=nw, num_stages=st))
+                                               for bn in (4, 8, 16, 32) for nw in (2, 4) for st in (1, 2, 3)
+                                               if bn * 512 // (32 * nw) <= 128])
+
+
 def grid_study() -> list[dict]:
     return _study(lambda: [("default", {})] + [(f"programs_per_sm={k}", dict(programs_per_sm=k)) for k in (1, 2, 3)])
 
@@ -137,6 +146,8 @@ def main():
     ap.add_argument("--regs", action="store_true",
                     help="LaunchConfig(max_registers=...) x pipeline stages against the default (TILE_CASES)")
     ap.add_argument("--stream", action="store_true", help="fused head vs stream_head (its bytes without its math)")
+    ap.add_argument("--two-pass", action="store_true",
+                    help="LaunchConfig(two_pass=True) x tiles x warps x stages against the default (TILE_CASES)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.stream:
@@ -149,8 +160,9 @@ def main():
             print(r["dtype"], r["N"], r["occupancy"], r["relu"], *(f"{k[:-5]}: {v}" for k, v in r.items()
                                                                    if k.endswith("_grid")), sep=" | ")
         return
-    if args.tiles or args.grid or args.regs:
-        rows = grid_study() if args.grid else regs_study() if args.regs else tile_study()
+    if args.tiles or args.grid or args.regs or args.two_pass:
+        rows = (grid_study() if args.grid else regs_study() if args.regs else two_pass_study() if args.two_pass
+                else tile_study())
         write_csv(args.out, rows, metadata())
         for dname, N, occ in TILE_CASES:
             case = [r for r in rows if (r["dtype"], r["N"], r["occupancy"]) == (dname, N, occ or 1.0)]

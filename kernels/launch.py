@@ -31,6 +31,10 @@ class LaunchConfig:
                     H200, MLP proxy's side heads: no faster than the default (sched_s10b).
     max_registers:  ptxas' cap on registers per thread (the `maxnreg` compile option; CUDA only);
                     None: the kernel's default rule. Fewer registers fit more programs on an SM.
+    two_pass:       (dense kernel, C = 1, atomic mode) each program reads its row tiles twice:
+                    logits, loss and dz first (h reduced as it arrives, dz kept in an N-float
+                    workspace), then grad_h and grad_W (h again, from L2). No tile is held across
+                    the row reduction: fewer registers, loads that pipeline. None: the host rule.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
@@ -63,6 +67,7 @@ class LaunchConfig:
     deterministic: bool | None = None
     programs_per_sm: int | None = None  # last fields: positional construction keeps its old meaning
     max_registers: int | None = None
+    two_pass: bool | None = None
 
     def __post_init__(self):
         if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
@@ -82,6 +87,8 @@ class LaunchConfig:
         if self.max_registers is not None and (not isinstance(self.max_registers, int)
                                                or not 24 <= self.max_registers <= 255):
             raise ValueError(f"max_registers must be an int in [24, 255] or None, got {self.max_registers!r}")
+        if self.two_pass is not None and not isinstance(self.two_pass, bool):
+            raise ValueError(f"two_pass must be a bool or None, got {self.two_pass!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

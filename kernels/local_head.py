@@ -219,7 +219,7 @@ def _dense_head_kernel(
     SINGLE_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr, STRIDED: tl.constexpr,
     ACC_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr,
-    RELU: tl.constexpr, STORE_ACT: tl.constexpr = False,
+    RELU: tl.constexpr, STORE_ACT: tl.constexpr = False, TWO_PASS: tl.constexpr = False,
 ):
     # RELU: the head reads relu(h) (every h load goes through _relu_in) and grad_h is the
     # gradient at the ReLU's input (masked where h <= 0), so the block's own ReLU backward
@@ -249,6 +249,43 @@ def _dense_head_kernel(
     else:
         g = _claim(ctr_ptr + 2)
         t_step = 1
+    if TWO_PASS:  # (C = 1, one weight tile, ATOMIC + STRIDED) two passes over the program's row tiles
+        # pass 1: logits, loss and dz of each tile, dz -> part_ptr [N] fp32; each tile's h is reduced
+        # as it arrives and nothing is stored, so the loads pipeline freely and no tile is held across
+        # the row reduction. pass 2: grad_h and grad_W from dz and h read again (from L2).
+        g = n_groups  # (the grouped loop below is skipped)
+        for t in tl.range(tl.program_id(0), n_tiles, n_programs, num_stages=NUM_STAGES):
+            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+            m_n = o_n < N
+            m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
+            b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
+            b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)
+            if HAS_BIAS:
+                b_z += tl.load(b_ptr).to(tl.float32)
+            b_y = tl.load(y_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
+            if LOSS == 0:  # sigmoid binary cross-entropy, stable form
+                b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
+                b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
+            else:  # squared error
+                b_l = (b_z - b_y) * (b_z - b_y)
+                b_dz = 2.0 * (b_z - b_y) * scale
+            b_loss += tl.where(m_n, b_l, 0.0)
+            b_dz = tl.where(m_n, b_dz, 0.0)
+            b_gb += tl.sum(b_dz, axis=0)
+            tl.store(part_ptr + o_n, b_dz, mask=m_n)
+        tl.debug_barrier()  # this program's dz stores are visible to all its threads
+        for t in tl.range(tl.program_id(0), n_tiles, n_programs, num_stages=NUM_STAGES):
+            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+            m_n = o_n < N
+            m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
+            b_dz = tl.load(part_ptr + o_n, mask=m_n, other=0.0)[:, None]
+            b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
+            if STORE_ACT:
+                tl.store(act_ptr + o_n[:, None] * D + o_d1[None, :], b_h1, mask=m_h1)
+            b_gh = b_dz * b_w1.to(tl.float32)
+            b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
+            tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
+                     mask=m_h1)
     while g < n_groups:
         if STRIDED:
             t_lo = g
@@ -805,9 +842,15 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
         # the last program's sum of the copies in one pass where it fits 2048 columns (C=1 D=512: 514
         # floats, one 1024-wide load instead of two dependent 512-wide ones)
         br = min(2048, next_pow2(C * D + C + 1))
+    strided = atomic and not cfg.group_tiles
+    two_pass = bool(cfg.two_pass)
+    if two_pass and not (strided and block_c == 1):
+        raise ValueError("two_pass=True needs a C=1 head in the dense kernel's atomic mode (deterministic=False, "
+                         f"whole rows, no group_tiles); got C={C}, D={D}, deterministic={deterministic}, "
+                         f"block_d={bd}, group_tiles={cfg.group_tiles}")
     return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd, maxnreg=maxnreg,
-                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=atomic and not cfg.group_tiles,
-                ACC_COPIES=4 if atomic else 1,
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=strided,
+                ACC_COPIES=4 if atomic else 1, TWO_PASS=two_pass,
                 num_warps=cfg.num_warps or warps)
 
 
@@ -1044,7 +1087,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             P = min(p_occ, G)
             if cx["STRIDED"]:
                 G = P
-            n_buf, n_acc = 0, cx["ACC_COPIES"] * stride_g
+            n_buf, n_acc = (N if cx["TWO_PASS"] else 0), cx["ACC_COPIES"] * stride_g  # (TWO_PASS: dz)
         else:
             n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
             P = min(p_occ, max(G, n_r))  # no program without work

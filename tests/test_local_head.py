@@ -167,6 +167,50 @@ def test_wide_rows_c1_one_tile(loss, N, D, dt, det, relu, device):
     assert (fp32["BLOCK_N"], fp32["num_warps"], fp32["NUM_STAGES"]) == (2, 4, 1)  # fp32: 4096 on 4 warps
 
 
+TWO_PASS = [("bce", 781, 130, "fp32", True, None, 4), ("mse", 63, 512, "bf16", False, "relu", None),
+            ("bce", 100, 64, "fp16", True, "relu", 2), ("mse", 1, 50, "fp32", True, None, None)]
+
+
+@pytest.mark.parametrize("loss,N,D,dt,bias,relu,block_n", TWO_PASS,
+                         ids=[f"{c[0]}-N{c[1]}-D{c[2]}-{c[3]}-{c[5]}" for c in TWO_PASS])
+def test_two_pass_matches_reference(loss, N, D, dt, bias, relu, block_n, device):
+    # LaunchConfig(two_pass=True): a program's tiles are read twice (dz into the workspace, then
+    # grad_h and grad_W), every program several tiles (occupancy 1/2); the workspace starts as NaN
+    klh._PLANS.clear()
+    cfg = LaunchConfig(occupancy=0.5, deterministic=False, block_n=block_n, two_pass=True)
+    check(loss, N, D, 1, DTYPES[dt], bias, None, device, config=cfg, activation=relu)
+    plan, = klh._PLANS.values()
+    assert plan.constexprs["TWO_PASS"] and plan.constexprs["STRIDED"]
+    assert all(not ws.acc.any() for ws in klh._WORKSPACES.values())
+    assert all(not ws.ctr.any() for ws in klh._WORKSPACES.values())
+
+
+def test_two_pass_writes_relu_and_needs_the_atomic_c1_path(device):
+    h, w, b, y = make("bce", 45, 130, 1, torch.float32, True, device)
+    kw = dict(loss="bce", reduction="mean", ignore_index=-100, backend="triton", accumulate=False, activation="relu")
+    outs = []
+    for two_pass in (False, True):
+        klh._PLANS.clear()
+        act = torch.full_like(h, float("nan"))
+        gw, gb = torch.empty_like(w), torch.empty_like(b)
+        cfg = LaunchConfig(occupancy=0.5, deterministic=False, block_n=4, two_pass=two_pass)
+        outs.append(local_head_into(h, w, b, y, config=cfg, grad_weight=gw, grad_bias=gb, act_out=act, **kw)
+                    + (gw, gb))
+        assert torch.equal(act, torch.relu(h)), "act_out != relu(h)"
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=0)  # grad_h: the same per-row math
+    for a, c in zip(outs[0], outs[1]):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)  # sums: another order
+    h3, w3, b3, y3 = make("bce", 8, 16, 3, torch.float32, True, device)
+    for cfg, what in ((LaunchConfig(deterministic=True, two_pass=True), "deterministic=True"),
+                      (LaunchConfig(deterministic=False, two_pass=True, group_tiles=2), "group_tiles=2")):
+        with pytest.raises(ValueError, match=f"two_pass=True needs a C=1 head.*{what}"):
+            fused_local_head(h, w, b, y, backend="triton", config=cfg)
+    with pytest.raises(ValueError, match="two_pass=True needs a C=1 head.*C=3"):
+        fused_local_head(h3, w3, b3, y3, backend="triton", config=LaunchConfig(deterministic=False, two_pass=True))
+    with pytest.raises(ValueError, match="two_pass must be a bool"):
+        LaunchConfig(two_pass=1)
+
+
 def test_relu_chunked_dense_head(device):
     # a weight wider than one tile: the dense kernel's D-chunk loops (both h loads, both stores)
     check("mse", 63, 130, 17, torch.float32, True, None, device, config=LaunchConfig(block_d=32),
