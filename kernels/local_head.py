@@ -252,14 +252,17 @@ def _dense_head_kernel(
     if TWO_PASS:  # (C = 1, one weight tile, ATOMIC + STRIDED) two passes over the program's row tiles
         # pass 1: logits, loss and dz of each tile, dz -> part_ptr [N] fp32; each tile's h is reduced
         # as it arrives and nothing is stored, so the loads pipeline freely and no tile is held across
-        # the row reduction. pass 2: grad_h and grad_W from dz and h read again (from L2).
-        g = n_groups  # (the grouped loop below is skipped)
+        # the row reduction. pass 2: grad_h and grad_W from dz and h read again (from L2). The weight
+        # and the grad_W partial are 1-D here ([BLOCK_D] spread over the program's threads; a [1, BLOCK_D]
+        # tensor in the [BLOCK_N, BLOCK_D] tile's layout is replicated over its rows of threads).
+        b_w = tl.load(w_ptr + o_d1, mask=o_d1 < D, other=0.0).to(tl.float32)
+        b_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
         for t in tl.range(tl.program_id(0), n_tiles, n_programs, num_stages=NUM_STAGES):
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
             b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
-            b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)
+            b_z = tl.sum(b_h1.to(tl.float32) * b_w[None, :], axis=1)
             if HAS_BIAS:
                 b_z += tl.load(b_ptr).to(tl.float32)
             b_y = tl.load(y_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
@@ -278,121 +281,123 @@ def _dense_head_kernel(
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
-            b_dz = tl.load(part_ptr + o_n, mask=m_n, other=0.0)[:, None]
+            b_dz = tl.load(part_ptr + o_n, mask=m_n, other=0.0)
             b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
             if STORE_ACT:
                 tl.store(act_ptr + o_n[:, None] * D + o_d1[None, :], b_h1, mask=m_h1)
-            b_gh = b_dz * b_w1.to(tl.float32)
-            b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
+            b_gh = b_dz[:, None] * b_w[None, :]
+            b_acc += tl.sum(b_dz[:, None] * b_h1.to(tl.float32), axis=0)
             tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
                      mask=m_h1)
-    while g < n_groups:
-        if STRIDED:
-            t_lo = g
-            t_hi = n_tiles
-        else:
-            t_lo = g * tiles_per_group
-            t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
-        p_row = part_ptr + g.to(tl.int64) * stride_g
-        if not ATOMIC:
-            b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
-            b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
-            if SINGLE_CHUNK:
-                b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-        for t in tl.range(t_lo, t_hi, t_step, num_stages=NUM_STAGES):
-            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
-            m_n = o_n < N
-            # pass 1: logits z [BLOCK_N, BLOCK_C]
-            if SINGLE_CHUNK:
-                m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
-                b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
-                if STORE_ACT:
-                    tl.store(act_ptr + o_n[:, None] * D + o_d1[None, :], b_h1, mask=m_h1)
-                if BLOCK_C == 1:
-                    b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
-                else:
-                    b_z = _dot(b_h1, tl.trans(b_w1), DOT_FP32, PRECISION)
+        b_gw1 = b_acc[None, :]
+    else:  # (a constexpr branch: the grouped loop's ~195 registers stay out of the two-pass binary)
+        while g < n_groups:
+            if STRIDED:
+                t_lo = g
+                t_hi = n_tiles
             else:
-                b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-                for d0 in range(0, D, BLOCK_D):
-                    o_d = d0 + tl.arange(0, BLOCK_D)
-                    m_d = o_d < D
-                    b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
-                                           other=0.0), RELU)
+                t_lo = g * tiles_per_group
+                t_hi = tl.minimum(t_lo + tiles_per_group, n_tiles)
+            p_row = part_ptr + g.to(tl.int64) * stride_g
+            if not ATOMIC:
+                b_loss = tl.zeros([BLOCK_N], dtype=tl.float32)
+                b_gb = tl.zeros([BLOCK_C], dtype=tl.float32)
+                if SINGLE_CHUNK:
+                    b_gw1 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
+            for t in tl.range(t_lo, t_hi, t_step, num_stages=NUM_STAGES):
+                o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+                m_n = o_n < N
+                # pass 1: logits z [BLOCK_N, BLOCK_C]
+                if SINGLE_CHUNK:
+                    m_h1 = m_n[:, None] & (o_d1 < D)[None, :]
+                    b_h1 = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d1[None, :], mask=m_h1, other=0.0), RELU)
                     if STORE_ACT:
-                        tl.store(act_ptr + o_n[:, None] * D + o_d[None, :], b_h, mask=m_n[:, None] & m_d[None, :])
-                    b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+                        tl.store(act_ptr + o_n[:, None] * D + o_d1[None, :], b_h1, mask=m_h1)
                     if BLOCK_C == 1:
-                        b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
+                        b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                     else:
-                        b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
-            if HAS_BIAS:
-                b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
-            m_nc = m_n[:, None] & m_c[None, :]
-            # loss and dz = dLoss/dz, [BLOCK_N, BLOCK_C]
-            if LOSS == 1:  # softmax cross-entropy over C classes
-                b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-                m_row = m_n & (b_t != ignore_index)
-                b_zm = tl.where(m_c[None, :], b_z, float("-inf"))
-                b_max = tl.max(b_zm, axis=1)
-                b_e = tl.exp(b_zm - b_max[:, None])
-                b_s = tl.sum(b_e, axis=1)
-                b_hot = o_c[None, :] == b_t[:, None]
-                b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
-                b_loss += tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0)
-                b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * tl.where(m_row, scale, 0.0)[:, None]
-            else:
-                b_y = tl.load(y_ptr + o_n[:, None] * C + o_c[None, :], mask=m_nc, other=0.0).to(tl.float32)
-                if LOSS == 0:  # sigmoid binary cross-entropy, stable form
-                    b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
-                    b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
-                else:  # squared error
-                    b_l = (b_z - b_y) * (b_z - b_y)
-                    b_dz = 2.0 * (b_z - b_y) * scale
-                b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
-                b_dz = tl.where(m_nc, b_dz, 0.0)
-            b_gb += tl.sum(b_dz, axis=0)
-            # pass 2: grad_h = dz W, group partial of grad_W += dz^T h
-            if SINGLE_CHUNK:
-                if BLOCK_C == 1:
-                    b_gh = b_dz * b_w1.to(tl.float32)
-                    b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
+                        b_z = _dot(b_h1, tl.trans(b_w1), DOT_FP32, PRECISION)
                 else:
-                    b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
-                    b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
-                tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
-                         mask=m_h1)
-            else:
-                first = t == t_lo
-                for d0 in range(0, D, BLOCK_D):
-                    o_d = d0 + tl.arange(0, BLOCK_D)
-                    m_d = o_d < D
-                    m_cd = m_c[:, None] & m_d[None, :]
-                    b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
-                                           other=0.0), RELU)
-                    b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
+                    b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+                    for d0 in range(0, D, BLOCK_D):
+                        o_d = d0 + tl.arange(0, BLOCK_D)
+                        m_d = o_d < D
+                        b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
+                                               other=0.0), RELU)
+                        if STORE_ACT:
+                            tl.store(act_ptr + o_n[:, None] * D + o_d[None, :], b_h, mask=m_n[:, None] & m_d[None, :])
+                        b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
+                        if BLOCK_C == 1:
+                            b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
+                        else:
+                            b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+                if HAS_BIAS:
+                    b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+                m_nc = m_n[:, None] & m_c[None, :]
+                # loss and dz = dLoss/dz, [BLOCK_N, BLOCK_C]
+                if LOSS == 1:  # softmax cross-entropy over C classes
+                    b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+                    m_row = m_n & (b_t != ignore_index)
+                    b_zm = tl.where(m_c[None, :], b_z, float("-inf"))
+                    b_max = tl.max(b_zm, axis=1)
+                    b_e = tl.exp(b_zm - b_max[:, None])
+                    b_s = tl.sum(b_e, axis=1)
+                    b_hot = o_c[None, :] == b_t[:, None]
+                    b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
+                    b_loss += tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0)
+                    b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * tl.where(m_row, scale, 0.0)[:, None]
+                else:
+                    b_y = tl.load(y_ptr + o_n[:, None] * C + o_c[None, :], mask=m_nc, other=0.0).to(tl.float32)
+                    if LOSS == 0:  # sigmoid binary cross-entropy, stable form
+                        b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
+                        b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
+                    else:  # squared error
+                        b_l = (b_z - b_y) * (b_z - b_y)
+                        b_dz = 2.0 * (b_z - b_y) * scale
+                    b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
+                    b_dz = tl.where(m_nc, b_dz, 0.0)
+                b_gb += tl.sum(b_dz, axis=0)
+                # pass 2: grad_h = dz W, group partial of grad_W += dz^T h
+                if SINGLE_CHUNK:
                     if BLOCK_C == 1:
-                        b_gh = b_dz * b_w.to(tl.float32)
-                        b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
+                        b_gh = b_dz * b_w1.to(tl.float32)
+                        b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
                     else:
-                        b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
-                        b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
-                    tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
-                             mask=m_n[:, None] & m_d[None, :])
-                    p_part = p_row + o_c[:, None] * D + o_d[None, :]
-                    if not first:
-                        b_gw += tl.load(p_part, mask=m_cd, other=0.0)
-                    tl.store(p_part, b_gw, mask=m_cd)
-        if not ATOMIC:
-            if SINGLE_CHUNK:
-                tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
-            tl.store(p_row + CD + o_c, b_gb, mask=m_c)
-            tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
-            _item_done(ctr_ptr + 3)
-        if STRIDED:
-            g = n_groups
-        else:
-            g = _claim(ctr_ptr + 2)
+                        b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
+                        b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
+                    tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
+                             mask=m_h1)
+                else:
+                    first = t == t_lo
+                    for d0 in range(0, D, BLOCK_D):
+                        o_d = d0 + tl.arange(0, BLOCK_D)
+                        m_d = o_d < D
+                        m_cd = m_c[:, None] & m_d[None, :]
+                        b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :], mask=m_n[:, None] & m_d[None, :],
+                                               other=0.0), RELU)
+                        b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_cd, other=0.0)
+                        if BLOCK_C == 1:
+                            b_gh = b_dz * b_w.to(tl.float32)
+                            b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
+                        else:
+                            b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
+                            b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
+                        tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
+                                 mask=m_n[:, None] & m_d[None, :])
+                        p_part = p_row + o_c[:, None] * D + o_d[None, :]
+                        if not first:
+                            b_gw += tl.load(p_part, mask=m_cd, other=0.0)
+                        tl.store(p_part, b_gw, mask=m_cd)
+            if not ATOMIC:
+                if SINGLE_CHUNK:
+                    tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
+                tl.store(p_row + CD + o_c, b_gb, mask=m_c)
+                tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
+                _item_done(ctr_ptr + 3)
+            if STRIDED:
+                g = n_groups
+            else:
+                g = _claim(ctr_ptr + 2)
 
     if ATOMIC:  # (SINGLE_CHUNK only) float atomics: the sum's order follows program timing
         # ACC_COPIES accumulators (stride_g apart) split the programs' atomics on each address
