@@ -90,7 +90,7 @@ def plot_bench(rows: list[dict], path: str):
     for ax, m in zip(axes[0], models):
         keys = [k for k in by if k[0] == m]
         labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
-        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("eager", "erase")]
+        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("compile+graph", "e2e"), ("eager", "erase")]
                     if any(v in by[k] for k in keys)]
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):

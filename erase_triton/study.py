@@ -345,16 +345,21 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3,
     return {name: (ms[name], peak[name], statistics.median(host[name])) for name in runs}
 
 
-def time_compiled_e2e(model, inputs, lr: float = 1e-3) -> dict:
-    """torch.compile of the plain e2e step (forward + loss compiled; backward via AOTAutograd)."""
+def time_compiled_e2e(model, inputs, lr: float = 1e-3, graphed: bool = False) -> dict:
+    """torch.compile of the plain e2e step (forward + loss compiled; backward via AOTAutograd).
+    graphed: the whole step (compiled forward and backward, optimizer step) captured in one CUDA
+    graph after the compiling warm-up steps, as graphed e2e is: the host then issues nothing."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = torch.compile(e2e_loss_fn(model))
 
-    def run():
+    def step(*xs):
         opt.zero_grad(set_to_none=True)
-        loss_fn(*inputs).backward()
+        loss_fn(*xs).backward()
         opt.step()
-    return {"ms": median_ms(run, 20, 5)}
+    if graphed:
+        run = Scheduler("e2e").capture(step, *inputs, warmup=3)
+        return {"ms": median_ms(run, 30, 5)}
+    return {"ms": median_ms(lambda: step(*inputs), 20, 5)}
 
 
 def _tf32_metadata() -> dict:
@@ -375,6 +380,39 @@ COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("
               ("transformer", 1024, 32)}  # torch.compile(e2e) baseline here (each costs a compile)
 
 
+def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: str = CTR_EMBEDDING) -> list:
+    """The speedup study's sizes as (model name, size dict, build() -> (model, inputs)); on a
+    CPU one small size a model."""
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
+    tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
+    cases = [("ctr", dict(width=w, batch=b, embedding=embedding),
+              lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding))
+             for w, b in ctr if "ctr" in models]
+    cases += [("transformer", dict(width=w, batch=b, seq=s),
+               lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
+              for w, b, s in tf if "transformer" in models]
+    return cases
+
+
+def compile_rows(name: str, desc: dict, build, log=print) -> list[dict]:
+    """torch.compile(e2e) baselines of one size: exec "compile" (the host issues every kernel)
+    and "compile+graph" (the whole compiled step in one CUDA graph: the strongest e2e baseline).
+    A baseline that fails to compile or capture gives a row with its error, not a lost study."""
+    rows = []
+    for exec_, graphed in (("compile", False), ("compile+graph", True)):
+        model, inputs = build()
+        try:
+            r = dict(model=name, **desc, exec=exec_, mode="e2e", **time_compiled_e2e(model, inputs, graphed=graphed))
+        except Exception as e:  # noqa: BLE001 -- see the docstring
+            r = dict(model=name, **desc, exec=exec_, mode="e2e", error=repr(e)[:200])
+        rows.append(r)
+        log(r)
+        torch._dynamo.reset()
+    return rows
+
+
 def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, models=("ctr", "transformer"),
           eager: bool = False, embedding: str = CTR_EMBEDDING, log=print) -> list[dict]:
     """Speedup curves: erase (fused heads) vs sequential vs e2e vs torch.compile(e2e).
@@ -384,18 +422,9 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
     embedding: the CTR proxy's tables ("fused_sgd" or "table", see `ctr_workload`).
     """
     cuda = torch.cuda.is_available()
-    dev = "cuda" if cuda else "cpu"
     meta = _tf32_metadata()
-    ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
-    tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
     rows = []
-    cases = [("ctr", dict(width=w, batch=b, embedding=embedding),
-              lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding))
-             for w, b in ctr if "ctr" in models]
-    cases += [("transformer", dict(width=w, batch=b, seq=s),
-               lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
-              for w, b, s in tf if "transformer" in models]
-    for name, desc, build in cases:
+    for name, desc, build in bench_cases(quick, models, embedding):
         for graphed in ([True] + ([False] if eager else []) if cuda else [False]):
             for mode in ("e2e", "sequential", "erase"):
                 model, inputs = build()
@@ -403,13 +432,7 @@ def bench(out_dir: str, quick: bool = False, compile_baseline: bool = True, mode
                 rows.append(r)
                 log(r)
         if compile_baseline and cuda and (name, desc["width"], desc["batch"]) in COMPILE_AT:
-            model, inputs = build()
-            try:
-                r = dict(model=name, **desc, exec="compile", mode="e2e", **time_compiled_e2e(model, inputs))
-            except Exception as e:  # a failing baseline must not lose the study
-                r = dict(model=name, **desc, exec="compile", mode="e2e", error=repr(e)[:200])
-            rows.append(r)
-            log(r)
+            rows += compile_rows(name, desc, build, log)
         if cuda:
             torch.cuda.empty_cache()
         write_csv(os.path.join(out_dir, "bench.csv"), rows, meta)

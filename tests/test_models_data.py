@@ -236,3 +236,34 @@ def test_plot_committed_results(tmp_path):
     for c in csvs:
         png = tmp_path / (os.path.splitext(os.path.basename(c))[0] + ".png")
         assert png.stat().st_size > 10_000
+
+
+def test_compile_rows_keep_a_failing_baseline(monkeypatch):
+    """The torch.compile baselines give one row each (host-issued, then graphed); one that fails
+    leaves a row with its error instead of losing the study."""
+    from erase_triton import study
+
+    calls = []
+
+    def fake(model, inputs, graphed=False):
+        calls.append(graphed)
+        if graphed:
+            raise RuntimeError("capture failed")
+        return {"ms": 1.5}
+    monkeypatch.setattr(study, "time_compiled_e2e", fake)
+    name, desc, build = study.bench_cases(models=("ctr",))[0]
+    rows = study.compile_rows(name, desc, build, log=lambda r: None)
+    assert calls == [False, True]
+    assert [(r["exec"], r["mode"]) for r in rows] == [("compile", "e2e"), ("compile+graph", "e2e")]
+    assert rows[0]["ms"] == 1.5 and "ms" not in rows[1]
+    assert "capture failed" in rows[1]["error"] and rows[1]["width"] == desc["width"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_graphed_compile_baseline_needs_cuda():
+    from erase_triton import study
+
+    name, desc, build = study.bench_cases(models=("ctr",))[0]
+    model, inputs = build()
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        study.time_compiled_e2e(model, inputs, graphed=True)

@@ -1,0 +1,39 @@
+"""The torch.compile(e2e) baselines of the speedup study alone (no erase rows): compiled with the
+host issuing every kernel ("compile") and the whole compiled step in one CUDA graph
+("compile+graph"), at the sizes `erase-triton bench` compiles (study.COMPILE_AT), or a few of them.
+
+    python benchmarks/bench_compile.py --out benchmarks/results/bench_compile.csv [--only transformer:1024 ...]
+
+Compare the rows with the graphed e2e / erase rows of `bench.csv` (same sizes, same models). CUDA only.
+"""
+import argparse
+
+import torch
+
+from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, write_csv
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/bench_compile.csv")
+    ap.add_argument("--only", nargs="*", default=None, metavar="MODEL:WIDTH",
+                    help="only these sizes of COMPILE_AT (e.g. transformer:1024 ctr:2048)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_compile.py needs CUDA (the baselines are timed with CUDA events)")
+    meta = _tf32_metadata()
+    rows = []
+    for name, desc, build in bench_cases():
+        if (name, desc["width"], desc["batch"]) not in COMPILE_AT:
+            continue
+        if args.only is not None and f"{name}:{desc['width']}" not in args.only:
+            continue
+        rows += compile_rows(name, desc, build)
+        write_csv(args.out, rows, meta)
+    print(f"{'model':12} {'width':>5} {'batch':>6} {'exec':14} ms")
+    for r in rows:
+        print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r['exec']:14} {r.get('ms', r.get('error'))}")
+
+
+if __name__ == "__main__":
+    main()
