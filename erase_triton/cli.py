@@ -108,7 +108,7 @@ def main(argv=None):
                    help="head backend: auto = Triton on CUDA, PyTorch on CPU")
     t.add_argument("--json", default=None, help="write the summary here")
     t.set_defaults(fn=cmd_train)
-    for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile"),
+    for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile (host-issued and graphed)"),
                                ("sweep", cmd_sweep, "step time against the heads' occupancy and ring size")]:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--out", default="runs")
