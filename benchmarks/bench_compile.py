@@ -21,13 +21,13 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_compile.py needs CUDA (the baselines are timed with CUDA events)")
-    meta = _tf32_metadata()
     cases = [(f"{name}:{desc['width']}", name, desc, build) for name, desc, build in bench_cases()
              if (name, desc["width"], desc["batch"]) in COMPILE_AT]
     known = {key for key, *_ in cases}
     unknown = sorted(set(args.only or ()) - known)
     if unknown:
         raise SystemExit(f"--only: no compiled size {unknown}; expected some of {sorted(known)}")
+    meta = _tf32_metadata()
     rows = []
     for key, name, desc, build in cases:
         if args.only is not None and key not in args.only:
