@@ -356,10 +356,8 @@ def time_compiled_e2e(model, inputs, lr: float = 1e-3, graphed: bool = False) ->
         opt.zero_grad(set_to_none=True)
         loss_fn(*xs).backward()
         opt.step()
-    if graphed:
-        run = Scheduler("e2e").capture(step, *inputs, warmup=3)
-        return {"ms": median_ms(run, 30, 5)}
-    return {"ms": median_ms(lambda: step(*inputs), 20, 5)}
+    run = _step_runner(Scheduler("e2e"), step, inputs, graphed)
+    return {"ms": median_ms(run, 30, 5) if graphed else median_ms(run, 20, 5)}
 
 
 def _tf32_metadata() -> dict:
