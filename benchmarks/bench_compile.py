@@ -1,16 +1,25 @@
-"""The torch.compile(e2e) baselines of the speedup study alone (no erase rows): compiled with the
-host issuing every kernel ("compile") and the whole compiled step in one CUDA graph
-("compile+graph"), at the sizes `erase-triton bench` compiles (study.COMPILE_AT), or a few of them.
+"""The torch.compile rows of the speedup study alone, at the sizes `erase-triton bench` compiles
+(study.COMPILE_AT), or a few of them:
 
-    python benchmarks/bench_compile.py --out benchmarks/results/bench_compile.csv [--only transformer:1024 ...]
+- e2e compiled whole, loss included, with the host issuing every kernel ("compile") and captured
+  in one CUDA graph ("compile+graph": the strongest e2e baseline);
+- sequential and erase with the blocks between the heads compiled (`compile_blocks`) and the
+  whole step captured ("compile+graph");
+- with --paired, the graphed e2e / sequential / erase rows with uncompiled blocks ("graph"), in
+  the same run (ratios across runs carry the runs' drift).
 
-Compare the rows with the graphed e2e / erase rows of `bench.csv` (same sizes, same models). CUDA only.
+    python benchmarks/bench_compile.py --out benchmarks/results/bench_compile.csv [--only transformer:1024 ...] [--paired]
+
+--only runs its sizes in the order given (a transformer width covers its sequence lengths).
+
+CUDA only.
 """
 import argparse
+import time
 
 import torch
 
-from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, write_csv
+from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv
 
 
 def main():
@@ -18,9 +27,12 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/bench_compile.csv")
     ap.add_argument("--only", nargs="*", default=None, metavar="MODEL:WIDTH",
                     help="only these sizes of COMPILE_AT (e.g. transformer:1024 ctr:2048)")
+    ap.add_argument("--paired", action="store_true", help="also the graphed rows with uncompiled blocks")
+    ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
+                    choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_compile.py needs CUDA (the baselines are timed with CUDA events)")
+        raise SystemExit("bench_compile.py needs CUDA (the steps are timed with CUDA events)")
     cases = [(f"{name}:{desc['width']}", name, desc, build) for name, desc, build in bench_cases()
              if (name, desc["width"], desc["batch"]) in COMPILE_AT]
     known = {key for key, *_ in cases}
@@ -29,14 +41,25 @@ def main():
         raise SystemExit(f"--only: no compiled size {unknown}; expected some of {sorted(known)}")
     meta = _tf32_metadata()
     rows = []
+    if args.only is not None:  # in the order given
+        cases = [c for key in dict.fromkeys(args.only) for c in cases if c[0] == key]
     for key, name, desc, build in cases:
-        if args.only is not None and key not in args.only:
-            continue
-        rows += compile_rows(name, desc, build)
+        t = time.time()
+        if args.paired:
+            for mode in args.modes:
+                model, inputs = build()
+                r = dict(model=name, **desc, exec="graph", mode=mode, **time_step(model, inputs, mode, True))
+                rows.append(r)
+                print(r, flush=True)
+                del model, inputs
+        rows += compile_rows(name, desc, build, log=lambda r: print(r, flush=True), modes=args.modes)
+        print(f"{key} s{desc.get('seq', '')}: {time.time() - t:.0f} s", flush=True)
         write_csv(args.out, rows, meta)
-    print(f"{'model':12} {'width':>5} {'batch':>6} {'exec':14} ms")
+        torch.cuda.empty_cache()
+    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} ms")
     for r in rows:
-        print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r['exec']:14} {r.get('ms', r.get('error'))}")
+        print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r.get('seq', ''):>4} {r['exec']:14} {r['mode']:11} "
+              f"{r.get('ms', r.get('error'))}")
 
 
 if __name__ == "__main__":

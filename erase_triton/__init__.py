@@ -4,13 +4,15 @@ Public API (see README.md):
     fused_local_head, LocalHeadResult, LaunchConfig  -- one-launch head loss + grads
     LocalHead                                         -- nn.Module detach point
     Scheduler                                         -- e2e / sequential / erase on CUDA streams
+    compile_blocks                                    -- torch.compile the blocks between heads
 """
 from erase_triton.kernels.launch import LaunchConfig
 
 from . import reference
+from .blocks import compile_blocks
 from .functional import LocalHeadResult, fused_local_head
 from .head import LocalHead
 from .scheduler import Scheduler
 
-__all__ = ["LaunchConfig", "LocalHead", "LocalHeadResult", "Scheduler", "fused_local_head", "reference"]
+__all__ = ["LaunchConfig", "LocalHead", "LocalHeadResult", "Scheduler", "compile_blocks", "fused_local_head", "reference"]
 __version__ = "0.1.0"

@@ -7,6 +7,10 @@ the block that produced ``h`` at once, and returns ``h.detach()`` for the next
 block. Under an active `Scheduler` the mode decides ("e2e" turns non-final heads
 into identities; "erase" moves the backward onto the segment's stream).
 
+``model.compile()`` works as on any model: the heads are compile boundaries
+(``torch.compiler.disable``), so each block between two heads is compiled and the
+schedule (streams, events, early backwards) stays in Python.
+
 ``activation="relu"`` takes over the block's last ReLU: the block ends at the
 pre-activation x, the head returns relu(x) for the next block and computes its loss
 on relu(x), and the fused kernel writes the gradient at x directly (zero where
@@ -122,6 +126,11 @@ class LocalHead(nn.Module):
         """Plain forward of the head (for evaluation and prediction); h is the activated input."""
         return F.linear(h, self.weight, self.bias)
 
+    # A torch.compile boundary: `model.compile()` compiles the blocks between detach points and
+    # runs the heads, the stream switches and the early backwards in Python, as uncompiled. Traced,
+    # the scheduler's stream calls and backward() would break the graph anyway, and its per-head
+    # state (ids, segment counts) would recompile the frame at every head.
+    @torch.compiler.disable
     def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
             return self.act(h)

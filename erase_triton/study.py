@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
+from .blocks import compile_blocks
 from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
 from .models.mlp import MLPChain
@@ -270,9 +271,12 @@ def with_heads(workload, heads: str, *args, **kw):
 
 
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              priorities: bool | str | None = None) -> dict:
+              priorities: bool | str | None = None, compiled: bool = False) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
-    priorities: Scheduler(priorities=...) of the erase ring; None: the Scheduler's default."""
+    priorities: Scheduler(priorities=...) of the erase ring; None: the Scheduler's default.
+    compiled: torch.compile the blocks between the heads first (`compile_blocks`, Inductor)."""
+    if compiled:
+        compile_blocks(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     kw = {} if priorities is None else dict(priorities=priorities)
     sched = Scheduler(mode, streams=streams, **kw)
@@ -374,8 +378,9 @@ def _tf32_metadata() -> dict:
 BENCH_CTR = [(256, 2048), (256, 8192), (512, 4096), (512, 16384), (1024, 4096), (1024, 16384), (2048, 16384),
              (2048, 32768), (4096, 16384)]
 BENCH_TF = [(256, 32, 128), (512, 32, 128), (512, 32, 256), (1024, 32, 256), (2048, 16, 256)]
-COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("transformer", 512, 32),
-              ("transformer", 1024, 32)}  # torch.compile(e2e) baseline here (each costs a compile)
+COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("transformer", 256, 32),
+              ("transformer", 512, 32), ("transformer", 1024, 32), ("transformer", 2048, 16)}
+# ^ the torch.compile rows (`compile_rows`) are timed here: each costs compiles
 
 
 def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: str = CTR_EMBEDDING) -> list:
@@ -394,19 +399,29 @@ def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: s
     return cases
 
 
-def compile_rows(name: str, desc: dict, build, log=print) -> list[dict]:
-    """torch.compile(e2e) baselines of one size: exec "compile" (the host issues every kernel)
-    and "compile+graph" (the whole compiled step in one CUDA graph: the strongest e2e baseline).
-    A baseline that fails to compile or capture gives a row with its error, not a lost study."""
+def compile_rows(name: str, desc: dict, build, log=print, modes=("e2e", "sequential", "erase")) -> list[dict]:
+    """torch.compile rows of one size. e2e: the plain e2e step compiled whole, loss included
+    (`time_compiled_e2e`), with the host issuing every kernel (exec "compile") and captured in
+    one CUDA graph ("compile+graph": the strongest e2e baseline). sequential / erase: the blocks
+    between the heads compiled (`compile_blocks`), the fused heads as they are, the whole step in
+    one CUDA graph ("compile+graph"). A row that fails to compile or capture keeps its error,
+    not a lost study."""
+    runs = []
+    if "e2e" in modes:
+        runs += [("compile", "e2e", lambda m, x: time_compiled_e2e(m, x)),
+                 ("compile+graph", "e2e", lambda m, x: time_compiled_e2e(m, x, graphed=True))]
+    runs += [("compile+graph", mode, lambda m, x, mode=mode: time_step(m, x, mode, True, compiled=True))
+             for mode in ("sequential", "erase") if mode in modes]
     rows = []
-    for exec_, graphed in (("compile", False), ("compile+graph", True)):
+    for exec_, mode, timed in runs:
         model, inputs = build()
         try:
-            r = dict(model=name, **desc, exec=exec_, mode="e2e", **time_compiled_e2e(model, inputs, graphed=graphed))
+            r = dict(model=name, **desc, exec=exec_, mode=mode, **timed(model, inputs))
         except Exception as e:  # noqa: BLE001 -- see the docstring
-            r = dict(model=name, **desc, exec=exec_, mode="e2e", error=repr(e)[:200])
+            r = dict(model=name, **desc, exec=exec_, mode=mode, error=repr(e)[:200])
         rows.append(r)
         log(r)
+        del model, inputs
         torch._dynamo.reset()
     return rows
 

@@ -478,3 +478,61 @@ def test_current_stream_lookup_is_cached_and_exact():
         assert torch.cuda.current_stream() == s
     s.synchronize()
     assert sched._events[("end", 0)].query()
+
+
+@pytest.mark.parametrize("mode", ["erase", "sequential"])
+def test_compiled_blocks_capture_replay_equals_eager(mode):
+    # compile_blocks (Inductor): the compiled blocks' forward and backward kernels run on the
+    # segments' streams, a captured step replays them, and the training run equals the same model
+    # uncompiled and eager to fp32 rounding (Inductor fuses the ReLUs and bias adds; the GEMMs are
+    # the same); erase's whole compiled step issues no host sync
+    torch.manual_seed(0)
+    m_eager = mlp_chain(256)
+    m_graph = copy.deepcopy(m_eager)
+    names = et.compile_blocks(m_graph)
+    assert names == [f"blocks.{i}" for i in range(6)]
+    xs = [torch.randn(1024, 256, device=dev) for _ in range(6)]
+    ys = [torch.rand(1024, device=dev).round() for _ in range(6)]
+
+    def make_step(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            model(x, y)
+            opt.step()
+        return step
+    step_e = make_step(m_eager)
+    sx, sy = xs[0].clone(), ys[0].clone()
+    for _ in range(3):  # capture()'s warm-up steps, mirrored
+        with Scheduler(mode).step():
+            step_e(xs[0], ys[0])
+    sched = Scheduler(mode)
+    replay = sched.capture(make_step(m_graph), sx, sy, warmup=3)
+    assert sched.last_forks == (5 if mode == "erase" else 0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in zip(xs, ys):
+            sx.copy_(x)
+            sy.copy_(y)
+            replay()
+            with Scheduler(mode).step():
+                step_e(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=k)
+    # the uncaptured compiled step too: no host sync (guards and compiled wrappers run on the host only)
+    opt = torch.optim.SGD(m_graph.parameters(), lr=0.05)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in zip(xs[:2], ys[:2]):
+            opt.zero_grad(set_to_none=True)
+            with Scheduler(mode, adaptive=False).step():
+                m_graph(x, y)
+            opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -239,24 +239,34 @@ def test_plot_committed_results(tmp_path):
 
 
 def test_compile_rows_keep_a_failing_baseline(monkeypatch):
-    """The torch.compile baselines give one row each (host-issued, then graphed); one that fails
-    leaves a row with its error instead of losing the study."""
+    """The torch.compile rows: e2e compiled whole (host-issued, then graphed), then sequential and
+    erase with compiled blocks (graphed), one row each; one that fails leaves a row with its error
+    instead of losing the study."""
     from erase_triton import study
 
     calls = []
 
-    def fake(model, inputs, graphed=False):
-        calls.append(graphed)
+    def fake_e2e(model, inputs, graphed=False):
+        calls.append(("e2e", graphed))
         if graphed:
             raise RuntimeError("capture failed")
         return {"ms": 1.5}
-    monkeypatch.setattr(study, "time_compiled_e2e", fake)
+
+    def fake_step(model, inputs, mode, graphed, compiled=False):
+        calls.append((mode, graphed, compiled))
+        return {"ms": 1.0 if mode == "erase" else 1.25}
+    monkeypatch.setattr(study, "time_compiled_e2e", fake_e2e)
+    monkeypatch.setattr(study, "time_step", fake_step)
     name, desc, build = study.bench_cases(models=("ctr",))[0]
     rows = study.compile_rows(name, desc, build, log=lambda r: None)
-    assert calls == [False, True]
-    assert [(r["exec"], r["mode"]) for r in rows] == [("compile", "e2e"), ("compile+graph", "e2e")]
-    assert rows[0]["ms"] == 1.5 and "ms" not in rows[1]
+    assert calls == [("e2e", False), ("e2e", True), ("sequential", True, True), ("erase", True, True)]
+    assert [(r["exec"], r["mode"]) for r in rows] == [("compile", "e2e"), ("compile+graph", "e2e"),
+                                                      ("compile+graph", "sequential"), ("compile+graph", "erase")]
+    assert rows[0]["ms"] == 1.5 and "ms" not in rows[1] and [r["ms"] for r in rows[2:]] == [1.25, 1.0]
     assert "capture failed" in rows[1]["error"] and rows[1]["width"] == desc["width"]
+    calls.clear()
+    rows = study.compile_rows(name, desc, build, log=lambda r: None, modes=("erase",))
+    assert calls == [("erase", True, True)] and len(rows) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")

@@ -584,3 +584,69 @@ def test_mlp_relu_in_head_same_function_and_free_bound():
         h = blk[-1](pre).detach()
     for (k, p), q in zip(fused.blocks.named_parameters(), plain.blocks.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
+
+
+@pytest.mark.parametrize("loss,activation", [("bce", None), ("ce", None), ("bce", "relu")])
+def test_compiled_blocks_keep_the_schedule(loss, activation):
+    # compile_blocks compiles each block between two heads (here with AOTAutograd and no Inductor:
+    # the same autograd structure, a compiled forward and a compiled backward a block, without a
+    # C++ compiler) and the three modes keep their math: erase == sequential == the detached
+    # reference, e2e == autograd; no head is traced, and no mode recompiles what another compiled.
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from erase_triton import compile_blocks
+
+    graphs = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Chain(loss=loss, activation=activation)
+    ref = copy.deepcopy(model)
+    x, y = data(loss)
+    assert compile_blocks(model, backend=recording) == [f"blocks.{i}" for i in range(4)]
+    counts = {}
+    try:
+        want = {"erase": detached_reference(ref, x, y)}
+        want["sequential"] = want["erase"]
+        ref.zero_grad(set_to_none=True)
+        want["e2e"] = e2e_reference(ref, x, y)
+        for mode in ("sequential", "erase", "e2e"):
+            for _ in range(2):
+                got, sched = run(model, mode, x, y)
+                assert_same_grads(got, want[mode])
+            assert sched.last_trace == run(ref, mode, x, y)[1].last_trace
+            counts[mode] = len(graphs)
+        # one graph for the four like blocks; erase reuses sequential's; e2e's blocks take inputs that
+        # require grad (nothing is detached), which is another graph, once
+        assert counts == {"sequential": 1, "erase": 1, "e2e": 2}, counts
+        for gm in graphs:
+            assert "head" not in gm.code and "backward" not in gm.code, gm.code
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_blocks_finds_the_blocks_between_heads():
+    from erase_triton import compile_blocks
+    from erase_triton.models import MLPChain
+    from erase_triton.study import ctr_workload, transformer_workload
+
+    with torch._dynamo.config.patch(disable=True):  # nothing is compiled when called
+        mlp = MLPChain(16, blocks=3)
+        assert compile_blocks(mlp) == ["blocks.0", "blocks.1", "blocks.2"]
+        tf, _ = transformer_workload(32, 2, 8, device="cpu", dtype=torch.float32)
+        assert compile_blocks(tf) == ["tok", "pos"] + [f"layers.{i}" for i in range(6)] + ["ln_f"]
+        ctr, _ = ctr_workload(32, 8, rows=10, tables=2, device="cpu")
+        assert compile_blocks(ctr) == ["embeddings", "bottom", "proj"] + [f"subarchs.{i}" for i in range(6)] + ["over"]
+        assert not any(m._compiled_call_impl is not None for m in tf.modules() if isinstance(m, LocalHead))
+        assert tf.layers[0]._compiled_call_impl is not None and tf.layers[0].ln1._compiled_call_impl is None
+        shared = nn.Linear(4, 4)
+        assert compile_blocks(nn.Sequential(shared, shared)) == [""]  # no head: the model itself
+        head_only = nn.ModuleList([LocalHead(4, 1), LocalHead(4, 1, final=True)])
+        assert compile_blocks(head_only) == []
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        compile_blocks(lambda x: x)
