@@ -6,7 +6,11 @@
 - sequential and erase with the blocks between the heads compiled (`compile_blocks`) and the
   whole step captured ("compile+graph");
 - with --paired, the graphed e2e / sequential / erase rows with uncompiled blocks ("graph"), in
-  the same run (ratios across runs carry the runs' drift).
+  the same run (ratios across runs carry the runs' drift);
+- with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies.
+
+--captures K makes each row the median of K captures, each of a freshly built model (one capture's
+replays vary by about ±1-3%).
 
     python benchmarks/bench_compile.py --out benchmarks/results/bench_compile.csv [--only transformer:1024 ...] [--paired]
 
@@ -15,10 +19,12 @@
 CUDA only.
 """
 import argparse
+import statistics
 import time
 
 import torch
 
+from erase_triton import LaunchConfig
 from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv
 
 
@@ -28,6 +34,9 @@ def main():
     ap.add_argument("--only", nargs="*", default=None, metavar="MODEL:WIDTH",
                     help="only these sizes of COMPILE_AT (e.g. transformer:1024 ctr:2048)")
     ap.add_argument("--paired", action="store_true", help="also the graphed rows with uncompiled blocks")
+    ap.add_argument("--captures", type=int, default=1, help="each row the median of K captures (a fresh model each)")
+    ap.add_argument("--beside", default="", help="OCC,...: also erase with compiled blocks and the heads beside the next "
+                    "segment at these occupancies (1: the whole device); column beside")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
@@ -39,27 +48,51 @@ def main():
     unknown = sorted(set(args.only or ()) - known)
     if unknown:
         raise SystemExit(f"--only: no compiled size {unknown}; expected some of {sorted(known)}")
-    meta = _tf32_metadata()
-    rows = []
     if args.only is not None:  # in the order given
         cases = [c for key in dict.fromkeys(args.only) for c in cases if c[0] == key]
+    try:
+        besides = [float(o) for o in args.beside.split(",")] if args.beside else []
+        for o in besides:
+            LaunchConfig(None if o == 1 else o)  # its own check of the fraction
+    except ValueError as e:
+        raise SystemExit(f"--beside: expected fractions in (0, 1] separated by commas, got {args.beside!r} ({e})")
+    meta = _tf32_metadata()
+    rows = []
     for key, name, desc, build in cases:
         t = time.time()
-        if args.paired:
-            for mode in args.modes:
+        got = {}  # (exec, mode, beside) -> [row of each capture]
+        for _ in range(args.captures):
+            batch = []
+            if args.paired:
+                for mode in args.modes:
+                    model, inputs = build()
+                    batch.append(dict(model=name, **desc, exec="graph", mode=mode, **time_step(model, inputs, mode, True)))
+                    del model, inputs
+            batch += compile_rows(name, desc, build, log=lambda r: None, modes=args.modes)
+            for occ in besides:  # erase with compiled blocks, the heads beside the next segment at this occupancy
                 model, inputs = build()
-                r = dict(model=name, **desc, exec="graph", mode=mode, **time_step(model, inputs, mode, True))
-                rows.append(r)
-                print(r, flush=True)
+                for hd in model.heads:
+                    hd._beside_config = LaunchConfig(None if occ == 1 else occ)
+                batch.append(dict(model=name, **desc, exec="compile+graph", mode="erase", beside=occ,
+                                  **time_step(model, inputs, "erase", True, compiled=True)))
                 del model, inputs
-        rows += compile_rows(name, desc, build, log=lambda r: print(r, flush=True), modes=args.modes)
+                torch._dynamo.reset()
+            for r in batch:
+                got.setdefault((r["exec"], r["mode"], r.get("beside", "")), []).append(r)
+        for runs in got.values():
+            r = dict(runs[0])
+            ms = [x["ms"] for x in runs if "ms" in x]
+            if ms:
+                r.update(ms=statistics.median(ms), captures=len(ms), ms_each=";".join(f"{m:.4f}" for m in ms))
+            rows.append(r)
+            print(r, flush=True)
         print(f"{key} s{desc.get('seq', '')}: {time.time() - t:.0f} s", flush=True)
         write_csv(args.out, rows, meta)
         torch.cuda.empty_cache()
-    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} ms")
+    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} {'beside':>6} ms")
     for r in rows:
         print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r.get('seq', ''):>4} {r['exec']:14} {r['mode']:11} "
-              f"{r.get('ms', r.get('error'))}")
+              f"{r.get('beside', ''):>6} {r.get('ms', r.get('error'))}")
 
 
 if __name__ == "__main__":

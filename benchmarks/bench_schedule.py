@@ -11,7 +11,9 @@ step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch
 heads bounds what any head implementation can buy; each config gets two such rows: "free" sends a
 constant gradient into the block, "free-replayed" the first step's real head gradient, so the block's
 backward GEMMs multiply the same kind of data as with a real head (a constant toggles few bits and
-can run faster on a power-limited GPU). --stream-heads adds graphed erase with `StreamHead`s (MLP
+can run faster on a power-limited GPU). --compiled-heads adds graphed erase with compiled PyTorch heads
+(`CompiledTorchHead`, the strongest PyTorch head), --compile-blocks compiles every model's blocks
+(`compile_blocks`). --stream-heads adds graphed erase with `StreamHead`s (MLP
 only): the fused kernel's bytes, tiles and grid, the real gradient, none of its math; fused against
 stream heads is what the kernel's compute structure costs the step. Erase runs with the Scheduler's stream
 priorities (--priorities, default the library's "tail"), and each config adds one erase variant
@@ -39,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
-from erase_triton import LaunchConfig, Scheduler  # noqa: E402
+from erase_triton import LaunchConfig, Scheduler, compile_blocks  # noqa: E402
 from erase_triton.study import mlp_workload, time_eager_modes, time_step, transformer_workload, with_heads  # noqa: E402
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
@@ -101,12 +103,12 @@ def _launch_configs(model, beside, final):
 
 
 def mlp_case(width, batch, dtype, heads, occupancy="auto", group_tiles=None, relu_in_head=False, beside="", final=""):
-    model, inputs = with_heads(mlp_workload, heads, width, batch, dtype, occupancy=occupancy, relu_in_head=relu_in_head)
+    model, inputs = _build(mlp_workload, heads, width, batch, dtype, occupancy=occupancy, relu_in_head=relu_in_head)
     return _launch_configs(_group_tiles(model, heads, group_tiles), beside, final), inputs
 
 
 def transformer_case(width, batch, seq, heads, occupancy="auto", beside=""):
-    model, inputs = with_heads(transformer_workload, heads, width, batch, seq, occupancy=occupancy)
+    model, inputs = _build(transformer_workload, heads, width, batch, seq, occupancy=occupancy)
     return _launch_configs(model, beside, ""), inputs
 
 
@@ -134,12 +136,25 @@ def _sched(mode, **kw):
 
 
 BOUNDS = ("free", "free-replayed", "stream")  # heads that only bound what a head can buy
+GRAPHED_ONLY = BOUNDS + ("torch-compile",)  # heads timed in graphed erase alone
+COMPILE_BLOCKS = False  # --compile-blocks
+
+
+def _build(workload, heads, *args, **kw):
+    """with_heads(...), the blocks compiled with --compile-blocks. Dynamo's caches are reset first
+    when anything is compiled: the compiled-head graphs are shared across models (recompile_limit)."""
+    if COMPILE_BLOCKS or heads == "torch-compile":
+        torch._dynamo.reset()
+    model, inputs = with_heads(workload, heads, *args, **kw)
+    if COMPILE_BLOCKS:
+        compile_blocks(model)
+    return model, inputs
 
 
 def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=()):
     for desc, build in cases:
         for heads in ("torch", "fused") + tuple(bounds):
-            if heads in BOUNDS:  # graphed erase only: the bounds for graph_fused_vs_torch_heads
+            if heads in GRAPHED_ONLY:  # graphed erase only: bounds and baselines for graph_fused_vs_torch_heads
                 if heads == "stream" and desc["model"] != "mlp":  # StreamHead: C=1 heads only
                     continue
                 if True in execs:
@@ -197,13 +212,14 @@ def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
     key = lambda r: (r["model"], r["width"], r["batch"], r["dtype"], r.get("relu_in_head", ""),  # noqa: E731
-                     r.get("beside", ""), r.get("final", ""))
+                     r.get("beside", ""), r.get("final", ""), r.get("compile_blocks", ""))
     groups = {}
     for r in rows:
         if r["streams"] == "auto":
             groups.setdefault(key(r), {})[(r["heads"], r["exec"], r["mode"])] = r["ms"]
     for k, g in groups.items():
-        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4], beside=k[5], final=k[6])
+        s = dict(model=k[0], width=k[1], batch=k[2], dtype=k[3], relu_in_head=k[4], beside=k[5], final=k[6],
+                 compile_blocks=k[7])
         for ex in ("graph", "eager"):
             f = lambda h, m: g.get((h, ex, m), float("nan"))  # noqa: E731
             s[f"{ex}_erase_fused_ms"] = f("fused", "erase")
@@ -226,6 +242,9 @@ def summarize(rows):
             s["graph_free_replayed_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("free-replayed", "graph", "erase")]
         if ("stream", "graph", "erase") in g:  # the fused kernel's bytes, without its math
             s["graph_stream_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("stream", "graph", "erase")]
+        if ("torch-compile", "graph", "erase") in g:  # the strongest PyTorch head: compiled
+            s["graph_fused_vs_compiled_heads"] = g[("torch-compile", "graph", "erase")] / g[("fused", "graph", "erase")]
+            s["graph_compiled_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("torch-compile", "graph", "erase")]
         seq = g.get(("fused", "eager", "sequential"), float("nan"))
         for variant in ("always-fork", "side-stream", "again", "equal-priority", "rising-priority"):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
@@ -261,6 +280,12 @@ def main():
     ap.add_argument("--stream-heads", action="store_true",
                     help="also time graphed erase with stream heads (StreamHead, MLP only: the fused kernel's bytes, "
                          "tiles and grid without its math); summary column graph_stream_vs_torch_heads")
+    ap.add_argument("--compiled-heads", action="store_true",
+                    help="also time graphed erase with compiled PyTorch heads (CompiledTorchHead: the head's logits "
+                         "and loss under torch.compile); summary columns graph_fused_vs_compiled_heads, "
+                         "graph_compiled_vs_torch_heads")
+    ap.add_argument("--compile-blocks", action="store_true",
+                    help="torch.compile every model's blocks between the heads (compile_blocks); column compile_blocks")
     ap.add_argument("--group-tiles", type=int, default=None,
                     help="MLP fused heads take claimed groups of K row tiles (fewer programs, fewer end-of-kernel atomics)")
     ap.add_argument("--priorities", default=None, choices=["rising", "tail", "off"],
@@ -277,8 +302,9 @@ def main():
                     "programs_per_sm=PPS, FIELD=INT) of the heads beside the next segment (default: the library's); "
                     "each setting a row")
     args = ap.parse_args()
-    global PRIORITIES, CAPTURES
+    global PRIORITIES, CAPTURES, COMPILE_BLOCKS
     PRIORITIES = args.priorities or Scheduler().priorities
+    COMPILE_BLOCKS = args.compile_blocks
     CAPTURES = args.captures
     occ = args.occupancy if args.occupancy == "auto" else float(args.occupancy)
     meta = metadata()
@@ -298,7 +324,8 @@ def main():
                     for bs, fi in launches:
                         cases.append((dict(model="mlp", width=w, batch=b, dtype=dname, occupancy=args.occupancy,
                                            group_tiles=args.group_tiles or "", priorities=PRIORITIES,
-                                           relu_in_head=int(r), beside=bs, final=fi, captures=args.captures),
+                                           relu_in_head=int(r), beside=bs, final=fi, captures=args.captures,
+                                           compile_blocks=int(args.compile_blocks)),
                                       lambda heads, w=w, b=b, dtype=dtype, r=r, bs=bs, fi=fi: mlp_case(
                                           w, b, dtype, heads, occ, args.group_tiles, r, bs, fi)))
     if args.model in ("transformer", "all"):
@@ -306,17 +333,21 @@ def main():
         for w, b, s in [c for c in tf if args.max_width is None or c[0] <= args.max_width]:
             for bs in args.beside.split(","):
                 cases.append((dict(model="transformer", width=w, batch=b, seq=s, dtype="bf16", occupancy=args.occupancy,
-                                   priorities=PRIORITIES, beside=bs, captures=args.captures),
+                                   priorities=PRIORITIES, beside=bs, captures=args.captures,
+                                   compile_blocks=int(args.compile_blocks)),
                               lambda heads, w=w, b=b, s=s, bs=bs: transformer_case(w, b, s, heads, occ, bs)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
-             bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ()))
+             bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ())
+             + (("torch-compile",) if args.compiled_heads else ()))
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
-    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "final", "graph_erase_fused_ms", "graph_erase_vs_seq",
+    print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "final", "compile_blocks",
+                       "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
                        "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
+                       "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
                        "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])

@@ -15,6 +15,7 @@ into the step's graph.
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import torch.nn as nn
@@ -33,8 +34,15 @@ def _has_head(m: nn.Module) -> bool:
 def _module_call(module: nn.Module, *args, **kwargs):
     """A module's call as a frame Dynamo compiles. `nn.Module.compile` compiles `_call_impl`, a
     torch.nn frame that Dynamo skips: a block that is a torch.nn module (an nn.Sequential) would
-    stay uncompiled. One code object for every block: blocks of one type and shape share one graph."""
+    stay uncompiled."""
     return module._call_impl(*args, **kwargs)
+
+
+def _fresh_module_call():
+    """`_module_call` with a code object of its own. Dynamo keeps its compiled graphs, and counts
+    recompiles against recompile_limit, per code object: one a compile_blocks call makes the
+    blocks of one model share graphs and a limit, and keeps other models' out of both."""
+    return types.FunctionType(_module_call.__code__.replace(), _module_call.__globals__, "_module_call")
 
 
 def compile_blocks(model: nn.Module, **compile_kwargs) -> list[str]:
@@ -49,12 +57,13 @@ def compile_blocks(model: nn.Module, **compile_kwargs) -> list[str]:
     (static shapes, what a captured step replays; a new batch shape compiles anew). Blocks of one
     type and shape share a graph; a model whose blocks have more distinct (type, shape)
     signatures than torch._dynamo.config.recompile_limit (8) runs the rest uncompiled, with
-    Dynamo's warning. mode="reduce-overhead" would capture each block in a CUDA graph of its own;
+    Dynamo's warning (the count is per compile_blocks call: other models compiled by other calls
+    do not add to it). mode="reduce-overhead" would capture each block in a CUDA graph of its own;
     capture the whole step with `Scheduler.capture` instead."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     compile_kwargs.setdefault("dynamic", False)
-    call = torch.compile(_module_call, **compile_kwargs)
+    call = torch.compile(_fresh_module_call(), **compile_kwargs)
     done: set[int] = set()
     names: list[str] = []
 

@@ -8,6 +8,7 @@ step; eager: the step as the host issues it).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .blocks import compile_blocks
+from .functional import check_args
 from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
 from .models.mlp import MLPChain
@@ -229,14 +231,15 @@ class StreamHead(LocalHead):
         return out
 
 
-def _swap_heads(model, cls, cached: str, **attrs):
+def _swap_heads(model, cls, cached: str | None = None, **attrs):
     """Make every LocalHead of `model` a `cls` (in place), with attrs set and the cached replay
-    state (`cached`) dropped; returns the model."""
+    state (`cached`, if any) dropped; returns the model."""
     for m in model.modules():
         if isinstance(m, LocalHead):
             m.__class__ = cls
             m.__dict__.update(attrs)
-            m.__dict__.pop(cached, None)
+            if cached:
+                m.__dict__.pop(cached, None)
     return model
 
 
@@ -252,18 +255,49 @@ def free_heads(model, free_grad: str = "constant"):
     return _swap_heads(model, FreeHead, "_free_grad", free_grad=free_grad)
 
 
-HEADS = ("fused", "torch", "free", "free-replayed", "stream")
+def _torch_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int):
+    """A PyTorch head's loss, as LocalHead(backend="torch") computes it."""
+    C = weight.shape[0]
+    z = F.linear(h, weight, bias).reshape(-1, C)
+    return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
+
+
+@functools.cache
+def _compiled_torch_head_loss():
+    return torch.compile(_torch_head_loss, dynamic=False)
+
+
+class CompiledTorchHead(LocalHead):
+    """The strongest PyTorch head a user would write: the head's logits and loss under
+    torch.compile (Inductor fuses the bias, the loss and the loss's backward around the GEMMs;
+    the GEMMs stay cuBLAS), then one backward() through head and block, as a PyTorch head does.
+    Build it with backend="torch" (`with_heads(..., "torch-compile")`), so a ReLU head's
+    activation runs before it as for PyTorch heads. Graphs are shared by all such heads in the
+    process: call torch._dynamo.reset() between models of other shapes (recompile_limit)."""
+
+    def apply_loss(self, h, target, beside=False, act=None):
+        check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
+        loss = _compiled_torch_head_loss()(h, self.weight, self.bias, target, self.loss, self.reduction,
+                                           self.ignore_index)
+        loss.backward()
+        self.last_loss = loss.detach().float()
+        return h.detach()
+
+
+HEADS = ("fused", "torch", "torch-compile", "free", "free-replayed", "stream")
 
 
 def with_heads(workload, heads: str, *args, **kw):
-    """workload(*args, **kw) (e.g. `mlp_workload`) with fused ("fused"), PyTorch ("torch") or
-    zero-cost heads (`FreeHead`: "free" back-propagates a constant, "free-replayed" the first
+    """workload(*args, **kw) (e.g. `mlp_workload`) with fused ("fused"), PyTorch ("torch"),
+    compiled PyTorch heads ("torch-compile": `CompiledTorchHead`), zero-cost heads (`FreeHead`: "free" back-propagates a constant, "free-replayed" the first
     step's real head gradient) or stream heads ("stream": `StreamHead`, the fused kernel's bytes
     without its math); returns (model, inputs)."""
     if heads not in HEADS:
         raise ValueError(f"heads must be one of {HEADS}, got {heads!r}")
-    model, inputs = workload(*args, backend="torch" if heads == "torch" else "auto", **kw)
-    if heads.startswith("free"):
+    model, inputs = workload(*args, backend="torch" if heads.startswith("torch") else "auto", **kw)
+    if heads == "torch-compile":
+        _swap_heads(model, CompiledTorchHead)
+    elif heads.startswith("free"):
         free_heads(model, "replayed" if heads == "free-replayed" else "constant")
     elif heads == "stream":
         stream_heads(model)
@@ -522,7 +556,7 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
     w512 b4096 MLP with fused and with PyTorch heads (bf16, tf32) and with zero-cost heads (tf32;
     tf32 dots on), and the tf32 one with the blocks' last ReLU in the heads ("_relu_in_head"); the
     w512 b1024 tf32 MLP (ReLU in the heads) and the transformer w512 b32 s256 with fused, PyTorch and
-    zero-cost heads.
+    zero-cost heads, and with its blocks compiled (`compile_blocks`).
     only: keep the configs whose name contains it. Returns per-config overlap summaries."""
     from .plots import plot_timeline
 
@@ -548,6 +582,9 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
                                      ("transformer_w512_b32_s256_{}_heads", transformer_workload, (512, 32, 256), {})):
         for heads in ("fused", "torch", "free"):
             configs.append((name.format(heads), lambda w=workload, h=heads, a=args, k=kw: with_heads(w, h, *a, **k)))
+    # the transformer with its blocks compiled (compile_blocks): Inductor's kernels on the segments' streams
+    configs.append(("transformer_w512_b32_s256_compiled_blocks",
+                    lambda: _compiled_blocks(*transformer_workload(512, 32, 256))))
     configs = [c for c in configs if only is None or only in c[0]]
     summary = []
     for (cfg, build), ex in [(c, e) for c in configs for e in execs]:
@@ -584,6 +621,11 @@ def trace(out_dir: str, steps: int = 3, log=print, execs=("graph", "eager"), onl
         torch.cuda.empty_cache()
     write_csv(os.path.join(out_dir, "trace_summary.csv"), summary, meta)
     return summary
+
+
+def _compiled_blocks(model, inputs):
+    compile_blocks(model)
+    return model, inputs
 
 
 def _union(iv):

@@ -482,13 +482,15 @@ def test_free_heads_bound_and_summary():
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     desc = dict(model="mlp", width=16, batch=8, dtype="tf32", streams="auto", exec="graph", mode="erase")
     rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0),
-            dict(desc, heads="free-replayed", ms=2.4)]
+            dict(desc, heads="free-replayed", ms=2.4), dict(desc, heads="torch-compile", ms=2.75)]
     eager = dict(desc, exec="eager", heads="fused", ms=4.0, host_ms=3.9)
     rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0), dict(eager, mode="erase", paired_seq_over_this=1.02),
              dict(eager, mode="sequential", streams="again", paired_seq_over_this=0.99)]
     s, = bs.summarize(rows)
     assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
     assert s["graph_free_replayed_vs_torch_heads"] == pytest.approx(1.25)
+    assert s["graph_fused_vs_compiled_heads"] == pytest.approx(1.1)
+    assert s["graph_compiled_vs_torch_heads"] == pytest.approx(3.0 / 2.75)
     assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
 
 
@@ -650,3 +652,60 @@ def test_compile_blocks_finds_the_blocks_between_heads():
         assert compile_blocks(head_only) == []
     with pytest.raises(TypeError, match="model must be an nn.Module"):
         compile_blocks(lambda x: x)
+
+
+def test_compile_blocks_calls_keep_their_own_graphs():
+    # Dynamo caches graphs per code object: each compile_blocks call gets its own, so a second
+    # model with other shapes neither reuses nor evicts the first model's graphs
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from erase_triton import compile_blocks
+
+    graphs = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    try:
+        models = [nn.Sequential(nn.Linear(d, d), nn.ReLU()) for d in (8, 8, 12)]
+        for m in models:
+            compile_blocks(m, backend=recording)
+        xs = [torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 12)]
+        for m, x in zip(models, xs):
+            torch.testing.assert_close(m(x), m._call_impl(x))
+        assert len(graphs) == 3  # one a call, though the first two models are alike
+        codes = {id(m._compiled_call_impl.func._torchdynamo_orig_callable.__code__) for m in models}  # equal by value
+        assert len(codes) == 3
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("relu_in_head", [False, True])
+def test_compiled_torch_heads_equal_torch_heads(monkeypatch, relu_in_head):
+    # CompiledTorchHead (the compiled-PyTorch-head baseline of bench_schedule --compiled-heads)
+    # trains exactly as PyTorch heads do; compiled here by AOTAutograd without Inductor
+    from erase_triton import study
+
+    compiled = torch.compile(study._torch_head_loss, backend="aot_eager", dynamic=False)
+    monkeypatch.setattr(study, "_compiled_torch_head_loss", lambda: compiled)
+    torch._dynamo.reset()
+    try:
+        got = {}
+        for heads in ("torch", "torch-compile"):
+            model, (x, y) = study.with_heads(study.mlp_workload, heads, 16, 8, torch.float32, device="cpu",
+                                             relu_in_head=relu_in_head)
+            assert all(type(h) is (study.CompiledTorchHead if heads == "torch-compile" else LocalHead)
+                       for h in model.heads)
+            for mode in ("erase", "e2e"):
+                got[heads, mode] = run(model, mode, x, y)[0]
+                assert model.heads[-1].last_loss is not None
+        for mode in ("erase", "e2e"):
+            assert_same_grads(got["torch-compile", mode], got["torch", mode])
+    finally:
+        torch._dynamo.reset()
+    model, (x, y) = study.with_heads(study.mlp_workload, "torch-compile", 16, 8, torch.float32, device="cpu")
+    with pytest.raises(ValueError):  # the PyTorch heads' argument checks
+        run(model, "erase", x, y[:3])
