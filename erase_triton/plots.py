@@ -80,29 +80,35 @@ def plot_sweep(rows: list[dict], path: str):
 
 
 def plot_bench(rows: list[dict], path: str):
-    """Throughput relative to graphed e2e, per model size: erase, sequential, compile."""
+    """Throughput relative to graphed e2e, per model size: erase, sequential, compile (e2e compiled
+    whole; erase / sequential with compiled blocks). Rows at another head occupancy (a `beside`
+    value, bench_compile --beside) are left out."""
     by = defaultdict(dict)
     for r in rows:
-        if "ms" in r and r["ms"] not in ("", None):
+        if "ms" in r and r["ms"] not in ("", None) and r.get("beside") in (None, ""):
             by[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))][(r["exec"], r["mode"])] = _f(r, "ms")
     models = sorted({k[0] for k in by})
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
+    num = lambda v: int(v) if str(v).isdigit() else 0  # noqa: E731
     for ax, m in zip(axes[0], models):
-        keys = [k for k in by if k[0] == m]
+        keys = sorted((k for k in by if k[0] == m), key=lambda k: (num(k[1]), num(k[2]), num(k[3])))
         labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
-        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("compile+graph", "e2e"), ("eager", "erase")]
+        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("compile+graph", "e2e"),
+                                ("compile+graph", "sequential"), ("compile+graph", "erase"), ("eager", "erase")]
                     if any(v in by[k] for k in keys)]
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):
             base = [by[k].get(("graph", "e2e"), float("nan")) for k in keys]
             vals = [b / by[k].get(v, float("nan")) for b, k in zip(base, keys)]
-            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=f"{v[1]} ({v[0]})")
+            label = (f"{v[1]}, compiled blocks (graph)" if v[0] == "compile+graph" and v[1] != "e2e"
+                     else f"{v[1]} compiled whole ({v[0]})" if v[0].startswith("compile") else f"{v[1]} ({v[0]})")
+            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=label)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_ylabel("speedup over graphed e2e")
         ax.set_title(m)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: never over a bar
     fig.suptitle(f"Speedup curves ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
@@ -115,6 +121,8 @@ def plot_schedule(rows: list[dict], path: str):
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rs)), 5.5))
     series = [("graph_erase_vs_seq", "erase / sequential (graphed)"), ("graph_erase_vs_e2e", "erase fused / e2e (graphed)"),
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
+              ("graph_fused_vs_compiled_heads", "fused / compiled PyTorch heads (torch.compile, graphed erase)"),
+              ("graph_compiled_vs_torch_heads", "compiled / plain PyTorch heads (graphed erase)"),
               ("graph_stream_vs_torch_heads", "stream heads (the fused kernel's bytes, none of its math) / PyTorch heads"),
               ("graph_free_vs_torch_heads", "zero-cost heads (constant gradient) / PyTorch heads (graphed erase)"),
               ("graph_free_replayed_vs_torch_heads", "zero-cost heads replaying a real gradient / PyTorch heads: "
