@@ -201,6 +201,41 @@ def mlp_chain(width=512, n=6, relu_in_head=False):
     return Chain().to(dev)
 
 
+def sgd_step(model, lr=0.05):
+    """step(*inputs): zero grads, forward (the heads back-propagate), SGD step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step(*xs):
+        opt.zero_grad(set_to_none=True)
+        model(*xs)
+        opt.step()
+    return step
+
+
+def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False):
+    """Train m_graph with sched.capture's replays and m_eager with eager steps of the same mode
+    on the batches (xs, ys), SGD; eager first mirrors capture()'s 3 warm-up steps on the static
+    inputs. no_sync: the replays and eager steps run under set_sync_debug_mode("error")."""
+    step_e = sgd_step(m_eager)
+    for _ in range(3):
+        with Scheduler(sched.mode).step():
+            step_e(xs[0], ys[0])
+    sx, sy = xs[0].clone(), ys[0].clone()
+    replay = sched.capture(sgd_step(m_graph), sx, sy, warmup=3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error" if no_sync else "default")
+    try:
+        for x, y in zip(xs, ys):
+            sx.copy_(x)
+            sy.copy_(y)
+            replay()
+            with Scheduler(sched.mode).step():
+                step_e(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def step_grads(model, mode, x, y):
     model.zero_grad(set_to_none=True)
     with Scheduler(mode).step():
@@ -278,20 +313,12 @@ def test_fused_sgd_ctr_capture_equals_eager():
     batches = [(torch.randn(512, 13, generator=g).to(dev), torch.randint(0, 1000, (512, 4), generator=g).to(dev),
                 torch.rand(512, generator=g).round().to(dev)) for _ in range(5)]
 
-    def make_step(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-        def step(*b):
-            opt.zero_grad(set_to_none=True)
-            model(*b)
-            opt.step()
-        return step
-    step_e = make_step(m_e)
+    step_e = sgd_step(m_e)
     for _ in range(3):  # mirror capture()'s warm-up steps
         with Scheduler("erase").step():
             step_e(*batches[0])
     static = [t.clone() for t in batches[0]]
-    replay = Scheduler("erase").capture(make_step(m_g), *static, warmup=3)
+    replay = Scheduler("erase").capture(sgd_step(m_g), *static, warmup=3)
     for b in batches:
         for s, t in zip(static, b):
             s.copy_(t)
@@ -333,31 +360,8 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
     m_graph = copy.deepcopy(m_eager)
     xs = [torch.randn(1024, 256, device=dev) for _ in range(6)]
     ys = [torch.rand(1024, device=dev).round() for _ in range(6)]
-
-    def make_step(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-        def step(x, y):
-            opt.zero_grad(set_to_none=True)
-            model(x, y)
-            opt.step()
-        return step
-
     sched = Scheduler(mode, priorities=priorities)
-    step_e = make_step(m_eager)
-    sx, sy = xs[0].clone(), ys[0].clone()
-    # capture() runs 3 warm-up steps on the static inputs: mirror them in eager
-    for _ in range(3):
-        with Scheduler(mode).step():
-            step_e(xs[0], ys[0])
-    replay = sched.capture(make_step(m_graph), sx, sy, warmup=3)
-    for x, y in zip(xs, ys):
-        sx.copy_(x)
-        sy.copy_(y)
-        replay()
-        with Scheduler(mode).step():
-            step_e(x, y)
-    torch.cuda.synchronize()
+    train_replayed_and_eager(sched, m_graph, m_eager, xs, ys)
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
         torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
     prio = [s.priority for s in sched._streams]  # what CUDA gave the ring streams (torch clamps to 0..-3)
@@ -494,34 +498,9 @@ def test_compiled_blocks_capture_replay_equals_eager(mode):
     xs = [torch.randn(1024, 256, device=dev) for _ in range(6)]
     ys = [torch.rand(1024, device=dev).round() for _ in range(6)]
 
-    def make_step(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-        def step(x, y):
-            opt.zero_grad(set_to_none=True)
-            model(x, y)
-            opt.step()
-        return step
-    step_e = make_step(m_eager)
-    sx, sy = xs[0].clone(), ys[0].clone()
-    for _ in range(3):  # capture()'s warm-up steps, mirrored
-        with Scheduler(mode).step():
-            step_e(xs[0], ys[0])
     sched = Scheduler(mode)
-    replay = sched.capture(make_step(m_graph), sx, sy, warmup=3)
-    assert sched.last_forks == (5 if mode == "erase" else 0)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for x, y in zip(xs, ys):
-            sx.copy_(x)
-            sy.copy_(y)
-            replay()
-            with Scheduler(mode).step():
-                step_e(x, y)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=True)
+    assert sched.last_forks == (5 if mode == "erase" else 0)  # the captured step's
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
         torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=k)
     # the uncaptured compiled step too: no host sync (guards and compiled wrappers run on the host only)

@@ -588,22 +588,29 @@ def test_mlp_relu_in_head_same_function_and_free_bound():
         torch.testing.assert_close(p.grad, q.grad, msg=k)
 
 
+def recording_aot_eager(graphs: list):
+    """A torch.compile backend: AOTAutograd without Inductor (no C++ compiler needed), appending
+    every graph Dynamo hands it to `graphs`."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    aot_eager = lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+    return backend
+
+
 @pytest.mark.parametrize("loss,activation", [("bce", None), ("ce", None), ("bce", "relu")])
 def test_compiled_blocks_keep_the_schedule(loss, activation):
     # compile_blocks compiles each block between two heads (here with AOTAutograd and no Inductor:
     # the same autograd structure, a compiled forward and a compiled backward a block, without a
     # C++ compiler) and the three modes keep their math: erase == sequential == the detached
     # reference, e2e == autograd; no head is traced, and no mode recompiles what another compiled.
-    from torch._dynamo.backends.registry import lookup_backend
-
     from erase_triton import compile_blocks
 
     graphs = []
-    aot_eager = lookup_backend("aot_eager")
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        return aot_eager(gm, example_inputs)
+    recording = recording_aot_eager(graphs)
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -657,16 +664,10 @@ def test_compile_blocks_finds_the_blocks_between_heads():
 def test_compile_blocks_calls_keep_their_own_graphs():
     # Dynamo caches graphs per code object: each compile_blocks call gets its own, so a second
     # model with other shapes neither reuses nor evicts the first model's graphs
-    from torch._dynamo.backends.registry import lookup_backend
-
     from erase_triton import compile_blocks
 
     graphs = []
-    aot_eager = lookup_backend("aot_eager")
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        return aot_eager(gm, example_inputs)
+    recording = recording_aot_eager(graphs)
 
     torch._dynamo.reset()
     try:
