@@ -56,6 +56,13 @@ WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 _AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
 
 
+def linear_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int) -> torch.Tensor:
+    """A PyTorch head's loss (backend="torch"): Linear on h's rows, then the loss."""
+    C = weight.shape[0]
+    z = F.linear(h, weight, bias).reshape(-1, C)
+    return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
+
+
 class LocalHead(nn.Module):
     """Linear(in_features, out_features) + loss, fused, at a detach point.
 
@@ -70,6 +77,8 @@ class LocalHead(nn.Module):
     the pre-activation, returns its ReLU) and the fused kernel back-propagates through it,
     saving the ReLU's backward pass; backend="torch" runs a plain F.relu under autograd.
     """
+
+    _torch_loss = staticmethod(linear_head_loss)  # the PyTorch path's loss (a subclass may compile it)
 
     def __init__(self, in_features: int, out_features: int = 1, loss: str = "bce", *, bias: bool = True,
                  occupancy: float | str | None = "auto", final: bool = False, reduction: str = "mean",
@@ -165,9 +174,7 @@ class LocalHead(nn.Module):
         if not use_triton(h, self.backend):
             check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
             # What a PyTorch user writes: one autograd call through head and block.
-            loss = head_loss(self.logits(h).reshape(-1, self.out_features),
-                             target.reshape(-1) if self.loss == "ce" else target.reshape(-1, self.out_features),
-                             self.loss, self.reduction, self.ignore_index)
+            loss = self._torch_loss(h, self.weight, self.bias, target, self.loss, self.reduction, self.ignore_index)
             loss.backward()
             self.last_loss = loss.detach().float()
             return h.detach()

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .blocks import compile_blocks
-from .functional import check_args
-from .head import LocalHead
+from .head import LocalHead, linear_head_loss
 from .models.ctr import CTRConfig, CTRModel
 from .models.mlp import MLPChain
 from .models.transformer import TinyTransformer
@@ -255,33 +254,23 @@ def free_heads(model, free_grad: str = "constant"):
     return _swap_heads(model, FreeHead, "_free_grad", free_grad=free_grad)
 
 
-def _torch_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int):
-    """A PyTorch head's loss, as LocalHead(backend="torch") computes it."""
-    C = weight.shape[0]
-    z = F.linear(h, weight, bias).reshape(-1, C)
-    return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
-
-
 @functools.cache
 def _compiled_torch_head_loss():
-    return torch.compile(_torch_head_loss, dynamic=False)
+    return torch.compile(linear_head_loss, dynamic=False)
 
 
 class CompiledTorchHead(LocalHead):
     """The strongest PyTorch head a user would write: the head's logits and loss under
     torch.compile (Inductor fuses the bias, the loss and the loss's backward around the GEMMs;
     the GEMMs stay cuBLAS), then one backward() through head and block, as a PyTorch head does.
-    Build it with backend="torch" (`with_heads(..., "torch-compile")`), so a ReLU head's
-    activation runs before it as for PyTorch heads. Graphs are shared by all such heads in the
-    process: call torch._dynamo.reset() between models of other shapes (recompile_limit)."""
+    Build it with backend="torch" (`with_heads(..., "torch-compile")`): it is LocalHead's PyTorch
+    path with `linear_head_loss` compiled, and a ReLU head's activation runs before it as for
+    PyTorch heads. Graphs are shared by all such heads in the process: call torch._dynamo.reset()
+    between models of other shapes (recompile_limit)."""
 
-    def apply_loss(self, h, target, beside=False, act=None):
-        check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
-        loss = _compiled_torch_head_loss()(h, self.weight, self.bias, target, self.loss, self.reduction,
-                                           self.ignore_index)
-        loss.backward()
-        self.last_loss = loss.detach().float()
-        return h.detach()
+    @property
+    def _torch_loss(self):
+        return _compiled_torch_head_loss()
 
 
 HEADS = ("fused", "torch", "torch-compile", "free", "free-replayed", "stream")

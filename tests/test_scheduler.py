@@ -690,7 +690,7 @@ def test_compiled_torch_heads_equal_torch_heads(monkeypatch, relu_in_head):
     # trains exactly as PyTorch heads do; compiled here by AOTAutograd without Inductor
     from erase_triton import study
 
-    compiled = torch.compile(study._torch_head_loss, backend="aot_eager", dynamic=False)
+    compiled = torch.compile(study.linear_head_loss, backend="aot_eager", dynamic=False)
     monkeypatch.setattr(study, "_compiled_torch_head_loss", lambda: compiled)
     torch._dynamo.reset()
     try:
