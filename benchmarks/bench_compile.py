@@ -7,7 +7,10 @@
   whole step captured ("compile+graph");
 - with --paired, the graphed e2e / sequential / erase rows with uncompiled blocks ("graph"), in
   the same run (ratios across runs carry the runs' drift);
-- with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies.
+- with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies;
+- with --early-update, erase (compiled blocks, and with --paired uncompiled too) with early updates:
+  the scheduler steps each segment's SGD right after its backward (Scheduler(optimizer=); column
+  early_update=1).
 
 --captures K makes each row the median of K captures, each of a freshly built model (one capture's
 replays vary by about ±1-3%).
@@ -37,6 +40,8 @@ def main():
     ap.add_argument("--captures", type=int, default=1, help="each row the median of K captures (a fresh model each)")
     ap.add_argument("--beside", default="", help="OCC,...: also erase with compiled blocks and the heads beside the next "
                     "segment at these occupancies (1: the whole device); column beside")
+    ap.add_argument("--early-update", action="store_true",
+                    help="also erase with early updates (Scheduler(optimizer=)); column early_update")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
@@ -68,7 +73,13 @@ def main():
                     model, inputs = build()
                     batch.append(dict(model=name, **desc, exec="graph", mode=mode, **time_step(model, inputs, mode, True)))
                     del model, inputs
-            batch += compile_rows(name, desc, build, log=lambda r: None, modes=args.modes)
+                if args.early_update:
+                    model, inputs = build()
+                    batch.append(dict(model=name, **desc, exec="graph", mode="erase", early_update=1,
+                                      **time_step(model, inputs, "erase", True, early_update=True)))
+                    del model, inputs
+            batch += compile_rows(name, desc, build, log=lambda r: None, modes=args.modes,
+                                  early_update=args.early_update)
             for occ in besides:  # erase with compiled blocks, the heads beside the next segment at this occupancy
                 model, inputs = build()
                 for hd in model.heads:
@@ -78,7 +89,7 @@ def main():
                 del model, inputs
                 torch._dynamo.reset()
             for r in batch:
-                got.setdefault((r["exec"], r["mode"], r.get("beside", "")), []).append(r)
+                got.setdefault((r["exec"], r["mode"], r.get("beside", ""), r.get("early_update", "")), []).append(r)
         for runs in got.values():
             r = dict(runs[0])
             ms = [x["ms"] for x in runs if "ms" in x]
@@ -89,10 +100,10 @@ def main():
         print(f"{key} s{desc.get('seq', '')}: {time.time() - t:.0f} s", flush=True)
         write_csv(args.out, rows, meta)
         torch.cuda.empty_cache()
-    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} {'beside':>6} ms")
+    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} {'beside':>6} {'early':>5} ms")
     for r in rows:
         print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r.get('seq', ''):>4} {r['exec']:14} {r['mode']:11} "
-              f"{r.get('beside', ''):>6} {r.get('ms', r.get('error'))}")
+              f"{r.get('beside', ''):>6} {r.get('early_update', ''):>5} {r.get('ms', r.get('error'))}")
 
 
 if __name__ == "__main__":

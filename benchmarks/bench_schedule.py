@@ -24,7 +24,9 @@ blocks hand their last ReLU to the head (`MLPChain(relu_in_head=True)`, LocalHea
 graphed row is the median over K separate captures (one capture's replays vary by ~±3%).
 --beside OCC[:PPS][:FIELD=INT],...: the launch of the heads that run beside the next segment
 (LaunchConfig(occupancy=OCC, programs_per_sm=PPS, FIELD=INT), e.g. 0.125:two_pass=1:block_n=16),
-replacing occupancy="auto" and its size rule; --final (same form): the final head's. Several settings run each config once per setting
+replacing occupancy="auto" and its size rule; --final (same form): the final head's. --early-update: each
+config also gets graphed erase with early updates (Scheduler(optimizer=): each segment's SGD right after its
+backward), PyTorch and fused heads (streams "early-update"; summary *_early). Several settings run each config once per setting
 (columns beside, final). CSV with GPU metadata.
 """
 from __future__ import annotations
@@ -116,8 +118,9 @@ PRIORITIES = None  # the erase ring's Scheduler(priorities=...): set by main (--
 CAPTURES = 1  # graphed rows: the median over this many captures (--captures)
 
 
-def measure(model, inputs, mode, graphed, streams=None, priorities=None):
-    runs = [time_step(model, inputs, mode, graphed, streams=streams, priorities=priorities or PRIORITIES)
+def measure(model, inputs, mode, graphed, streams=None, priorities=None, early_update=False):
+    runs = [time_step(model, inputs, mode, graphed, streams=streams, priorities=priorities or PRIORITIES,
+                      early_update=early_update)
             for _ in range(CAPTURES if graphed else 1)]
     return statistics.median(r["ms"] for r in runs), runs[0].get("peak_mb", float("nan"))
 
@@ -151,7 +154,7 @@ def _build(workload, heads, *args, **kw):
     return model, inputs
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=()):
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=(), early=False):
     for desc, build in cases:
         for heads in ("torch", "fused") + tuple(bounds):
             if heads in GRAPHED_ONLY:  # graphed erase only: bounds and baselines for graph_fused_vs_torch_heads
@@ -194,9 +197,11 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                 rows.append(row)
                 print(row, flush=True)
                 del model, inputs
-            for k in list(ring_sizes) + [other_priorities()]:
+            for k in list(ring_sizes) + [other_priorities()] + (["early-update"] if early else []):
                 model, inputs = build(heads)
-                if isinstance(k, str):  # the default ring with the other priority setting
+                if k == "early-update":  # the default ring, the scheduler stepping the SGD early
+                    ms, peak = measure(model, inputs, "erase", True, early_update=True)
+                elif isinstance(k, str):  # the default ring with the other priority setting
                     ms, peak = measure(model, inputs, "erase", True, priorities=other_setting())
                 else:
                     ms, peak = measure(model, inputs, "erase", True, streams=k)
@@ -234,6 +239,14 @@ def summarize(rows):
             tag = other_rows[0]["streams"].split("-")[0]
             s[f"graph_erase_fused_ms_{tag}_prio"] = other.get("fused", float("nan"))
             s[f"graph_fused_vs_torch_heads_{tag}_prio"] = other.get("torch", float("nan")) / other.get("fused", float("nan"))
+        early = {r["heads"]: r["ms"] for r in rows if key(r) == k and r["exec"] == "graph"
+                 and r["streams"] == "early-update"}
+        if early:  # early updates (Scheduler(optimizer=)): erase's step, and against e2e and PyTorch heads
+            nan = float("nan")
+            s["graph_erase_fused_ms_early"] = early.get("fused", nan)
+            s["graph_early_vs_erase"] = g.get(("fused", "graph", "erase"), nan) / early.get("fused", nan)
+            s["graph_early_vs_e2e"] = g.get(("torch", "graph", "e2e"), nan) / early.get("fused", nan)
+            s["graph_fused_vs_torch_heads_early"] = early.get("torch", nan) / early.get("fused", nan)
         # the most any head can buy: free (zero-cost) heads against PyTorch heads; "free" sends a
         # constant into the block, "free-replayed" a real head's gradient (the same data as a real head)
         s["graph_free_vs_torch_heads"] = g.get(("torch", "graph", "erase"), float("nan")) / \
@@ -296,6 +309,8 @@ def main():
                     help="MLP blocks hand their last ReLU to the head (LocalHead(activation='relu')); both: each "
                          "config both ways")
     ap.add_argument("--captures", type=int, default=1, help="graphed rows: the median over K captures")
+    ap.add_argument("--early-update", action="store_true",
+                    help="also graphed erase with early updates (Scheduler(optimizer=)); summary columns *_early")
     ap.add_argument("--final", default="", help="OCC[:PPS][:FIELD=INT],...: LaunchConfig of the MLP's final head; "
                     "each a row")
     ap.add_argument("--beside", default="", help="OCC[:PPS][:FIELD=INT],...: LaunchConfig(occupancy=OCC, "
@@ -339,7 +354,7 @@ def main():
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
              bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ())
-             + (("torch-compile",) if args.compiled_heads else ()))
+             + (("torch-compile",) if args.compiled_heads else ()), early=args.early_update)
     write_csv(args.out, rows, meta)
     summ = summarize(rows)
     write_csv(os.path.splitext(args.out)[0] + "_summary.csv", summ, meta)
@@ -348,7 +363,8 @@ def main():
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
                        "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
                        "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
-                       "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
+                       "graph_erase_fused_ms_early", "graph_early_vs_erase", "graph_early_vs_e2e",
+                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

@@ -81,20 +81,22 @@ def plot_sweep(rows: list[dict], path: str):
 
 def plot_bench(rows: list[dict], path: str):
     """Throughput relative to graphed e2e, per model size: erase, sequential, compile (e2e compiled
-    whole; erase / sequential with compiled blocks). Rows at another head occupancy (a `beside`
-    value, bench_compile --beside) are left out."""
+    whole; erase / sequential with compiled blocks; erase with early updates, bench_compile
+    --early-update). Rows at another head occupancy (a `beside` value, bench_compile --beside) are left out."""
     by = defaultdict(dict)
     for r in rows:
         if "ms" in r and r["ms"] not in ("", None) and r.get("beside") in (None, ""):
-            by[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))][(r["exec"], r["mode"])] = _f(r, "ms")
+            mode = r["mode"] + (", early updates" if str(r.get("early_update", "")) in ("1", "True") else "")
+            by[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))][(r["exec"], mode)] = _f(r, "ms")
     models = sorted({k[0] for k in by})
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
     num = lambda v: int(v) if str(v).isdigit() else 0  # noqa: E731
     for ax, m in zip(axes[0], models):
         keys = sorted((k for k in by if k[0] == m), key=lambda k: (num(k[1]), num(k[2]), num(k[3])))
         labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
-        variants = [v for v in [("graph", "erase"), ("graph", "sequential"), ("compile", "e2e"), ("compile+graph", "e2e"),
-                                ("compile+graph", "sequential"), ("compile+graph", "erase"), ("eager", "erase")]
+        variants = [v for v in [("graph", "erase"), ("graph", "erase, early updates"), ("graph", "sequential"),
+                                ("compile", "e2e"), ("compile+graph", "e2e"), ("compile+graph", "sequential"),
+                                ("compile+graph", "erase"), ("compile+graph", "erase, early updates"), ("eager", "erase")]
                     if any(v in by[k] for k in keys)]
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):

@@ -32,6 +32,20 @@
 Put the optimizer step after a `final=True` head (where the ring is joined back into the
 caller's stream) or after the context; a step with no final head joins only at exit.
 
+Early updates: ``Scheduler(mode, optimizer=opt)`` steps `opt` itself. In "erase" and
+"sequential" each segment's parameters (its block's and its head's) are updated right after
+that segment's backward, on its stream, so in "erase" the update of block i overlaps the
+forward of block i+1 instead of waiting for the whole step; parameters no segment owns are
+updated when step() exits, as in "e2e", where the whole update runs at exit. Same math as
+``opt.step()`` after the step: a detached block's parameters are read by no later segment.
+A parameter reached by several segments is updated after the last of them; which one that is
+comes from the previous step, so the first step (and a step whose heads differ from the
+previous one's) updates at exit. A segment whose backward would reach a parameter already
+updated in the step is refused with an error before its backward runs. The optimizer is then
+the scheduler's to step: a direct ``opt.step()`` raises (it would apply the update twice).
+Not for updates that read every gradient at once (global-norm clipping, GradScaler): keep
+those after the step, without optimizer=.
+
 The plan (which segment runs on which stream, which events order what) is `RingPlan`,
 pure Python and unit-tested on CPU; `step()` carries it out and logs it in
 `last_trace`. `capture()` records a whole step in a CUDA graph.
@@ -41,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 
 import torch
 
@@ -132,6 +147,63 @@ def _labelled(head, h, target, seg: int, beside: bool = False, act=None):
     return head.apply_loss(h, target, beside, act=act)
 
 
+def _guard_step(opt, args, kwargs):
+    """Step pre-hook of an optimizer a Scheduler updates: only the scheduler may step it."""
+    if getattr(_local, "updating", None) is not opt:
+        raise RuntimeError(
+            "this optimizer is stepped by a Scheduler(optimizer=...): each segment's parameters are "
+            "updated when its backward ends and the rest when step() exits, so calling "
+            "optimizer.step() as well would apply the update twice. Drop the call, or set "
+            "scheduler.optimizer = None to step it yourself.")
+
+
+def _step_subset(opt, per_group: list):
+    """opt.step() over a subset of its parameters: per_group[i] lists group i's parameters to
+    update (the groups' hyperparameters and the optimizer's per-parameter state are shared)."""
+    groups = opt.param_groups
+    saved = [g["params"] for g in groups]
+    try:
+        for g, ps in zip(groups, per_group):
+            g["params"] = ps
+        opt.param_groups = [g for g, ps in zip(groups, per_group) if ps]
+        _local.updating = opt
+        opt.step()
+    finally:
+        _local.updating = None
+        for g, ps in zip(groups, saved):
+            g["params"] = ps
+        opt.param_groups = groups
+
+
+@dataclasses.dataclass
+class UpdatePlan:
+    """Early updates learned from one step: heads[i] is the id of segment i's head, params[i]
+    (per optimizer group) the parameters whose gradient is complete after segment i's backward
+    (the last segment reaching them); key: the optimizer's parameter ids it was built for."""
+
+    heads: list
+    params: dict
+    key: tuple
+
+    @staticmethod
+    def learn(opt, segments: list, key: tuple) -> "UpdatePlan":
+        """segments: [(head id, leaf ids)] of one step, in order."""
+        owner = {}
+        for i, (_, leaves) in enumerate(segments):
+            for pid in leaves:
+                owner[pid] = i
+        params = {}
+        for i in range(len(segments)):
+            per_group = [[p for p in g["params"] if owner.get(id(p)) == i] for g in opt.param_groups]
+            if any(per_group):
+                params[i] = per_group
+        return UpdatePlan([h for h, _ in segments], params, key)
+
+
+def _param_key(opt) -> tuple:
+    return tuple(id(p) for g in opt.param_groups for p in g["params"])
+
+
 class Scheduler:
     """Runs LocalHead detach points in one of MODES; see the module docstring.
 
@@ -149,10 +221,13 @@ class Scheduler:
     graphed erase against "off" (benchmarks/NOTES.md, session 9): six-block MLP w <= 1024,
     b <= 4096, 3-8% shorter steps with "tail" (2-7% with "rising"), b16384 unchanged;
     six-layer transformer 1-2% shorter with "tail" and 1-4% *longer* with "rising".
+    optimizer: a torch.optim.Optimizer the scheduler steps itself, each segment's parameters as
+    soon as its backward ends (early updates; see the module docstring). None (default): step
+    it yourself after the step.
     """
 
     def __init__(self, mode: str = "erase", streams: int | None = None, device=None, adaptive: bool = True,
-                 decide_every: int = 8, priorities: bool | str = True):
+                 decide_every: int = 8, priorities: bool | str = True, optimizer=None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if streams is not None and (not isinstance(streams, int) or streams < 1):
@@ -188,6 +263,42 @@ class Scheduler:
         # a process does not gain or lose its CUDA runtime: asked once, not at every step
         self._has_cuda = torch.cuda.is_available()
         self._fixed_device = dev if dev is not None and dev.index is not None else None  # "cuda": the current one
+        self._optimizer = None
+        self._unguard = None
+        self.update_plan: UpdatePlan | None = None
+        self.optimizer = optimizer
+
+    def reset(self):
+        """Forget what earlier steps taught the scheduler: the leaves each segment's backward
+        reaches (found once per head and position, at the first step) and the early-update
+        plan. Call it after changing which modules a forward uses with the same heads (e.g.
+        sharing a layer between two blocks); a step whose heads differ is noticed by itself."""
+        if self._in_step:
+            raise RuntimeError("Scheduler.reset() cannot run inside step()")
+        self._leaf_cache.clear()
+        self.update_plan = None
+
+    @property
+    def optimizer(self):
+        """The optimizer this scheduler steps (early updates), or None."""
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, opt):
+        if self._in_step:
+            raise RuntimeError("Scheduler.optimizer cannot change inside step()")
+        if opt is not None and not isinstance(opt, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer or None, got {type(opt).__name__}")
+        if isinstance(opt, torch.optim.LBFGS):
+            raise ValueError("optimizer: LBFGS re-evaluates the whole model in step(closure); it cannot "
+                             "update one segment at a time")
+        if self._unguard is not None:
+            self._unguard()
+            self._unguard = None
+        self._optimizer, self.update_plan = opt, None
+        if opt is not None:
+            # the hook lives as long as this scheduler owns the optimizer
+            self._unguard = weakref.finalize(self, opt.register_step_pre_hook(_guard_step).remove)
 
     # ------------------------------------------------------------------ the step
     def _use_streams(self) -> bool:
@@ -241,10 +352,14 @@ class Scheduler:
         self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
         self._forked = set()     # ring streams that joined this step (and must be joined back)
         self._seg_leaves = {}
+        self._updated = set()    # ids of parameters updated early in this step
+        self._segments = []      # (head id, leaf ids) of each segment, for the next UpdatePlan
+        self._plan_ok = self._early_updates()
         self.last_trace = []
         _local.active = self
         self._in_step = True
         caller = self._caller = None
+        ok = False
         self._on_streams = self._use_streams()
         self.last_forks = 0  # detach points of this step that forked
         self._seq_step = False
@@ -268,12 +383,16 @@ class Scheduler:
                     torch.cuda.set_stream(s0)
             self.last_trace.append(("fwd", 0, "caller" if self._seq_step else self._plan.stream_of(0)))
             yield self
+            ok = True
         finally:
             try:
                 if self._on_streams:
                     if not self._seq_step:
                         self._join()
                         self._used = min(self._plan.n_streams, self.last_forks + 1)
+                if ok and self._optimizer is not None:
+                    self._finish_updates()
+                if self._on_streams:
                     if self.adaptive and not self._capturing and self._adaptive_steps % self.decide_every == 0:
                         # the next step decides: it asks whether this one is done (a sequential
                         # step never left the caller's stream: the current one)
@@ -300,16 +419,17 @@ class Scheduler:
     def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
         seg = self._seg
+        early = self._optimizer is not None and self.mode != "e2e"
+        leaves = self._leaves(head, h, seg) if early or (self.mode == "erase" and not self._seq_step) else None
+        update = self._segment_update(head, seg, leaves) if early else None
         if self.mode != "erase" or self._seq_step:
             self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
             self._seg += 1
-            return _labelled(head, h, target, seg)
+            out = _labelled(head, h, target, seg)
+            if update:
+                self._update(seg, update)
+            return out
         plan = self._plan
-        key = (id(head), seg)
-        leaves = self._leaf_cache.get(key)
-        if leaves is None:
-            leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
-            self._leaf_cache[key] = leaves
         streams = self._on_streams
         k = self._k
         fork = not head.final
@@ -322,7 +442,10 @@ class Scheduler:
         self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
         self._seg, self._k = nxt, nk
         if not streams:
-            return _labelled(head, h, target, seg)
+            out = _labelled(head, h, target, seg)
+            if update:
+                self._update(seg, update)
+            return out
         cur = self._streams[k]
         for j in after:
             cur.wait_event(self._bwd_events[j])
@@ -331,6 +454,8 @@ class Scheduler:
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
         out = _labelled(head, h, target, seg, beside=not head.final, act=act)
+        if update:
+            self._update(seg, update)  # this segment's parameters, on its stream after its backward
         if head.final:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.
@@ -346,6 +471,63 @@ class Scheduler:
             self._keep.append(out)
             torch.cuda.set_stream(s_next)
         return out
+
+    def _leaves(self, head, h, seg: int) -> frozenset:
+        """ids of the leaves segment `seg`'s backward (and its head) accumulates into (cached)."""
+        key = (id(head), seg)
+        leaves = self._leaf_cache.get(key)
+        if leaves is None:
+            leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
+            self._leaf_cache[key] = leaves
+        return leaves
+
+    # ------------------------------------------------------------- early updates
+    def _early_updates(self) -> bool:
+        """At step entry: whether the update plan (learned from the previous step) still fits."""
+        opt = self._optimizer
+        if opt is None or self.mode == "e2e":
+            return False
+        if self.update_plan is not None and self.update_plan.key != _param_key(opt):
+            self.update_plan = None  # the optimizer's parameters changed: learn again
+        return self.update_plan is not None
+
+    def _segment_update(self, head, seg: int, leaves: frozenset):
+        """Before segment seg's backward: refuse it if it reaches a parameter already updated in
+        this step; return the parameters (per group) the plan updates after it, or None."""
+        hit = self._updated & leaves
+        if hit:
+            shapes = [tuple(p.shape) for g in self._optimizer.param_groups for p in g["params"] if id(p) in hit]
+            raise RuntimeError(
+                f"Scheduler(optimizer=...): segment {seg}'s backward reaches {len(hit)} parameter(s) (shapes "
+                f"{shapes[:4]}) already updated earlier in this step; the segments differ from the step the "
+                f"update plan was learned from. Parameters shared across segments must be reached the same "
+                f"way every step, or step the optimizer after the step (optimizer=None).")
+        self._segments.append((id(head), leaves))
+        plan = self.update_plan
+        if not self._plan_ok:
+            return None
+        if seg >= len(plan.heads) or plan.heads[seg] != id(head):
+            self._plan_ok = False  # not the step the plan was learned from: the rest at exit
+            return None
+        return plan.params.get(seg)
+
+    def _update(self, seg: int, per_group: list):
+        self._updated.update(id(p) for ps in per_group for p in ps)
+        self.last_trace.append(("update", seg, sum(map(len, per_group))))
+        _step_subset(self._optimizer, per_group)
+
+    def _finish_updates(self):
+        """At exit, on the caller's stream: update what no segment did; learn the plan anew if
+        this step's segments are not the plan's."""
+        opt = self._optimizer
+        rest = [[p for p in g["params"] if id(p) not in self._updated] for g in opt.param_groups]
+        if any(rest):
+            self.last_trace.append(("update", "exit", sum(map(len, rest))))
+            _step_subset(opt, rest)
+        if self.mode != "e2e":
+            heads = [h for h, _ in self._segments]
+            if self.update_plan is None or not self._plan_ok or heads != self.update_plan.heads:
+                self.update_plan = UpdatePlan.learn(opt, self._segments, _param_key(opt))
 
     def _join(self):
         """The caller's stream waits for every ring stream this step forked, and becomes current."""

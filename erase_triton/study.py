@@ -294,16 +294,18 @@ def with_heads(workload, heads: str, *args, **kw):
 
 
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              priorities: bool | str | None = None, compiled: bool = False) -> dict:
+              priorities: bool | str | None = None, compiled: bool = False, early_update: bool = False) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
     priorities: Scheduler(priorities=...) of the erase ring; None: the Scheduler's default.
-    compiled: torch.compile the blocks between the heads first (`compile_blocks`, Inductor)."""
+    compiled: torch.compile the blocks between the heads first (`compile_blocks`, Inductor).
+    early_update: the scheduler steps the SGD itself, each segment's parameters after its backward
+    (Scheduler(optimizer=)); otherwise opt.step() after the step."""
     if compiled:
         compile_blocks(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     kw = {} if priorities is None else dict(priorities=priorities)
-    sched = Scheduler(mode, streams=streams, **kw)
-    step = training_step(model, opt)
+    sched = Scheduler(mode, streams=streams, optimizer=opt if early_update else None, **kw)
+    step = training_step(model, opt, step_optimizer=not early_update)
 
     out = {}
     run = _step_runner(sched, step, inputs, graphed)
@@ -422,26 +424,32 @@ def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: s
     return cases
 
 
-def compile_rows(name: str, desc: dict, build, log=print, modes=("e2e", "sequential", "erase")) -> list[dict]:
+def compile_rows(name: str, desc: dict, build, log=print, modes=("e2e", "sequential", "erase"),
+                 early_update: bool = False) -> list[dict]:
     """torch.compile rows of one size. e2e: the plain e2e step compiled whole, loss included
     (`time_compiled_e2e`), with the host issuing every kernel (exec "compile") and captured in
     one CUDA graph ("compile+graph": the strongest e2e baseline). sequential / erase: the blocks
     between the heads compiled (`compile_blocks`), the fused heads as they are, the whole step in
-    one CUDA graph ("compile+graph"). A row that fails to compile or capture keeps its error,
-    not a lost study."""
+    one CUDA graph ("compile+graph"). early_update: also erase with early updates (the scheduler
+    steps each segment's SGD after its backward; column early_update=1). A row that fails to
+    compile or capture keeps its error, not a lost study."""
     runs = []
     if "e2e" in modes:
-        runs += [("compile", "e2e", lambda m, x: time_compiled_e2e(m, x)),
-                 ("compile+graph", "e2e", lambda m, x: time_compiled_e2e(m, x, graphed=True))]
-    runs += [("compile+graph", mode, lambda m, x, mode=mode: time_step(m, x, mode, True, compiled=True))
+        runs += [("compile", "e2e", False, lambda m, x: time_compiled_e2e(m, x)),
+                 ("compile+graph", "e2e", False, lambda m, x: time_compiled_e2e(m, x, graphed=True))]
+    runs += [("compile+graph", mode, False, lambda m, x, mode=mode: time_step(m, x, mode, True, compiled=True))
              for mode in ("sequential", "erase") if mode in modes]
+    if early_update:
+        runs.append(("compile+graph", "erase", True,
+                     lambda m, x: time_step(m, x, "erase", True, compiled=True, early_update=True)))
     rows = []
-    for exec_, mode, timed in runs:
+    for exec_, mode, early, timed in runs:
         model, inputs = build()
+        tag = dict(early_update=1) if early else {}
         try:
-            r = dict(model=name, **desc, exec=exec_, mode=mode, **timed(model, inputs))
+            r = dict(model=name, **desc, exec=exec_, mode=mode, **tag, **timed(model, inputs))
         except Exception as e:  # noqa: BLE001 -- see the docstring
-            r = dict(model=name, **desc, exec=exec_, mode=mode, error=repr(e)[:200])
+            r = dict(model=name, **desc, exec=exec_, mode=mode, **tag, error=repr(e)[:200])
         rows.append(r)
         log(r)
         del model, inputs

@@ -63,13 +63,15 @@ def _set_lr(opt, base: float, i: int, steps: int):
             g["lr"] = v
 
 
-def training_step(model, opt):
+def training_step(model, opt, step_optimizer: bool = True):
     """step(*inputs): zero grads, forward with LocalHeads (they back-propagate), optimizer step.
-    Run it inside Scheduler.step() or give it to Scheduler.capture()."""
+    Run it inside Scheduler.step() or give it to Scheduler.capture().
+    step_optimizer=False: no opt.step() (a Scheduler(optimizer=opt) updates early itself)."""
     def step(*xs):
         opt.zero_grad(set_to_none=True)
         model(*xs)
-        opt.step()
+        if step_optimizer:
+            opt.step()
     return step
 
 

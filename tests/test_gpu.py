@@ -212,16 +212,27 @@ def sgd_step(model, lr=0.05):
     return step
 
 
-def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False):
+def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False, early=False):
     """Train m_graph with sched.capture's replays and m_eager with eager steps of the same mode
     on the batches (xs, ys), SGD; eager first mirrors capture()'s 3 warm-up steps on the static
-    inputs. no_sync: the replays and eager steps run under set_sync_debug_mode("error")."""
+    inputs. no_sync: the replays and eager steps run under set_sync_debug_mode("error").
+    early: sched steps m_graph's SGD itself (Scheduler(optimizer=), early updates); the eager
+    model still steps after each step."""
     step_e = sgd_step(m_eager)
     for _ in range(3):
         with Scheduler(sched.mode).step():
             step_e(xs[0], ys[0])
     sx, sy = xs[0].clone(), ys[0].clone()
-    replay = sched.capture(sgd_step(m_graph), sx, sy, warmup=3)
+    if early:
+        opt = torch.optim.SGD(m_graph.parameters(), lr=0.05)
+        sched.optimizer = opt
+
+        def step_g(*a):
+            opt.zero_grad(set_to_none=True)
+            m_graph(*a)
+    else:
+        step_g = sgd_step(m_graph)
+    replay = sched.capture(step_g, sx, sy, warmup=3)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error" if no_sync else "default")
     try:
@@ -369,6 +380,42 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
         assert prio[0] == 0 and prio[1] < 0 and prio == sorted(prio, reverse=True), prio
     elif priorities is True:  # "tail"
         assert prio[0] == 0 and prio[-1] < prio[-2] < 0 and prio == sorted(prio, reverse=True), prio
+
+
+@pytest.mark.parametrize("mode,relu", [("erase", False), ("erase", True), ("sequential", False)])
+def test_early_updates_capture_equals_stepping_after(mode, relu):
+    # Scheduler(optimizer=): each segment's SGD update captured on its stream right after its
+    # backward; replays train the model as eager steps with opt.step() after them do, issue no
+    # host sync, and the captured step updated every segment early (5 side + final, none at exit)
+    torch.manual_seed(0)
+    m_eager = mlp_chain(256, relu_in_head=relu)
+    m_graph = copy.deepcopy(m_eager)
+    xs = [torch.randn(1024, 256, device=dev) for _ in range(6)]
+    ys = [torch.rand(1024, device=dev).round() for _ in range(6)]
+    sched = Scheduler(mode)
+    train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=True, early=True)
+    updates = [e for e in sched.last_trace if e[0] == "update"]
+    assert [e[1] for e in updates] == list(range(6)), sched.last_trace
+    assert sum(e[2] for e in updates) == len(list(m_graph.parameters()))
+    for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
+    # eager early updates (forking at every detach point): no host sync either, same training
+    opt = sched.optimizer
+    eager = Scheduler(mode, adaptive=False, optimizer=opt)
+    step_e = sgd_step(m_eager)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in zip(xs, ys):
+            opt.zero_grad(set_to_none=True)
+            with eager.step():
+                m_graph(x, y)
+            with Scheduler(mode).step():
+                step_e(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_capture_records_no_workspace_fills():

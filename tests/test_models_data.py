@@ -252,9 +252,9 @@ def test_compile_rows_keep_a_failing_baseline(monkeypatch):
             raise RuntimeError("capture failed")
         return {"ms": 1.5}
 
-    def fake_step(model, inputs, mode, graphed, compiled=False):
-        calls.append((mode, graphed, compiled))
-        return {"ms": 1.0 if mode == "erase" else 1.25}
+    def fake_step(model, inputs, mode, graphed, compiled=False, early_update=False):
+        calls.append((mode, graphed, compiled) + (("early",) if early_update else ()))
+        return {"ms": 0.9 if early_update else 1.0 if mode == "erase" else 1.25}
     monkeypatch.setattr(study, "time_compiled_e2e", fake_e2e)
     monkeypatch.setattr(study, "time_step", fake_step)
     name, desc, build = study.bench_cases(models=("ctr",))[0]
@@ -267,6 +267,10 @@ def test_compile_rows_keep_a_failing_baseline(monkeypatch):
     calls.clear()
     rows = study.compile_rows(name, desc, build, log=lambda r: None, modes=("erase",))
     assert calls == [("erase", True, True)] and len(rows) == 1
+    calls.clear()  # early updates: one more erase row, marked
+    rows = study.compile_rows(name, desc, build, log=lambda r: None, modes=("erase",), early_update=True)
+    assert calls == [("erase", True, True), ("erase", True, True, "early")]
+    assert [r.get("early_update") for r in rows] == [None, 1] and rows[1]["ms"] == 0.9
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")

@@ -482,7 +482,9 @@ def test_free_heads_bound_and_summary():
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     desc = dict(model="mlp", width=16, batch=8, dtype="tf32", streams="auto", exec="graph", mode="erase")
     rows = [dict(desc, heads="torch", ms=3.0), dict(desc, heads="fused", ms=2.5), dict(desc, heads="free", ms=2.0),
-            dict(desc, heads="free-replayed", ms=2.4), dict(desc, heads="torch-compile", ms=2.75)]
+            dict(desc, heads="free-replayed", ms=2.4), dict(desc, heads="torch-compile", ms=2.75),
+            dict(desc, heads="torch", mode="e2e", ms=3.3), dict(desc, heads="torch", streams="early-update", ms=2.9),
+            dict(desc, heads="fused", streams="early-update", ms=2.4)]
     eager = dict(desc, exec="eager", heads="fused", ms=4.0, host_ms=3.9)
     rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0), dict(eager, mode="erase", paired_seq_over_this=1.02),
              dict(eager, mode="sequential", streams="again", paired_seq_over_this=0.99)]
@@ -492,6 +494,8 @@ def test_free_heads_bound_and_summary():
     assert s["graph_fused_vs_compiled_heads"] == pytest.approx(1.1)
     assert s["graph_compiled_vs_torch_heads"] == pytest.approx(3.0 / 2.75)
     assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
+    assert s["graph_early_vs_erase"] == pytest.approx(2.5 / 2.4) and s["graph_early_vs_e2e"] == pytest.approx(3.3 / 2.4)
+    assert s["graph_fused_vs_torch_heads_early"] == pytest.approx(2.9 / 2.4)
 
 
 @pytest.mark.parametrize("relu_in_head", [False, True])
@@ -710,3 +714,112 @@ def test_compiled_torch_heads_equal_torch_heads(monkeypatch, relu_in_head):
     model, (x, y) = study.with_heads(study.mlp_workload, "torch-compile", 16, 8, torch.float32, device="cpu")
     with pytest.raises(ValueError):  # the PyTorch heads' argument checks
         run(model, "erase", x, y[:3])
+
+
+def _two_group_adamw(model):
+    """AdamW with the heads in their own group (another lr, no weight decay)."""
+    heads = [p for n, p in model.named_parameters() if n.startswith("heads.")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("heads.")]
+    return torch.optim.AdamW([{"params": rest}, {"params": heads, "lr": 3e-2, "weight_decay": 0.0}], lr=1e-2)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "erase", "e2e"])
+@pytest.mark.parametrize("make_opt", [lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                      _two_group_adamw], ids=["sgd-momentum", "adamw-2-groups"])
+@pytest.mark.parametrize("share", [False, True])
+def test_early_updates_equal_stepping_after(mode, make_opt, share):
+    # Scheduler(optimizer=) updates each segment's parameters right after its backward: the
+    # same training as opt.step() after the step, bit for bit; the first step updates at exit
+    # (nothing learned yet), later ones after each segment (a shared parameter after the last
+    # segment reaching it), e2e always at exit
+    torch.manual_seed(3)
+    a = Chain(share=share)
+    b = copy.deepcopy(a)
+    x, y = data("bce")
+    oa, ob = make_opt(a), make_opt(b)
+    sa, sb = Scheduler(mode, optimizer=oa), Scheduler(mode)
+    for i in range(4):
+        oa.zero_grad(set_to_none=True)
+        ob.zero_grad(set_to_none=True)
+        with sa.step():
+            a(x, y)
+        with sb.step():
+            b(x, y)
+        ob.step()
+        updates = [e[1:] for e in sa.last_trace if e[0] == "update"]
+        n = sum(1 for g in oa.param_groups for _ in g["params"])
+        if i == 0 or mode == "e2e":
+            assert updates == [("exit", n)], sa.last_trace
+        else:  # four segments of 6 parameters (block 2 + 2 head); with share, block 0's first layer moves to 2
+            assert updates == ([(0, 4), (1, 6), (2, 6), (3, 6)] if share else [(j, 6) for j in range(4)])
+        for (k, p), q in zip(a.named_parameters(), b.parameters()):
+            assert torch.equal(p, q), (i, k)
+
+
+def test_early_updates_refuse_a_segment_reaching_an_updated_parameter():
+    torch.manual_seed(0)
+    model = Chain()
+    x, y = data("bce")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = Scheduler("erase", optimizer=opt)
+    for _ in range(2):
+        with sched.step():
+            model(x, y)
+    # segment 1 gets a new head and block 0's first layer, which the plan updates after segment 0
+    model.heads[1] = LocalHead(24, 3, "bce")
+    model.blocks[1][0] = model.blocks[0][0]
+    with pytest.raises(RuntimeError, match="segment 1's backward reaches 2 parameter.*already updated"):
+        with sched.step():
+            model(x, y)
+    # the same change with the old head: found only after reset() (each segment's leaves are
+    # found once); then learned anew, the shared layer updated after segment 2
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = Scheduler("erase", optimizer=opt)
+    for _ in range(2):
+        with sched.step():
+            model(x, y)
+    model.blocks[2][0] = model.blocks[0][0]
+    sched.reset()
+    for _ in range(2):
+        with sched.step():
+            model(x, y)
+    # ("exit", 2): block 2's replaced layer, still in the optimizer, reached by no segment
+    assert [e[1:] for e in sched.last_trace if e[0] == "update"] == [(0, 4), (1, 6), (2, 6), (3, 6), ("exit", 2)]
+
+
+def test_early_updates_relearn_and_own_the_optimizer():
+    torch.manual_seed(0)
+    model = Chain(n=3)
+    x, y = data("bce")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = Scheduler("sequential", optimizer=opt)
+    for _ in range(2):
+        with sched.step():
+            model(x, y)
+    with pytest.raises(RuntimeError, match="stepped by a Scheduler"):
+        opt.step()  # would apply the update twice
+    # a new parameter group: the plan is learned again (this step updates at exit)
+    extra = nn.Parameter(torch.zeros(3))
+    opt.add_param_group({"params": [extra]})
+    with sched.step():
+        model(x, y)
+    assert [e[1] for e in sched.last_trace if e[0] == "update"] == ["exit"]
+    with sched.step():
+        model(x, y)
+    assert [e[1:] for e in sched.last_trace if e[0] == "update"] == [(0, 6), (1, 6), (2, 6), ("exit", 1)]
+    # an exception inside the step: the segments before it were updated, nothing at exit
+    with pytest.raises(ValueError, match="boom"):
+        with sched.step():
+            model(x, y)
+            raise ValueError("boom")
+    assert ("update", "exit", 1) not in sched.last_trace
+    sched.optimizer = None  # released: the user steps it again
+    opt.step()
+    with pytest.raises(ValueError, match="optimizer must be a torch.optim.Optimizer"):
+        Scheduler(optimizer="sgd")
+    with pytest.raises(ValueError, match="LBFGS"):
+        Scheduler(optimizer=torch.optim.LBFGS(model.parameters()))
+    with pytest.raises(RuntimeError, match="cannot change inside step"):
+        with sched.step():
+            sched.optimizer = opt
