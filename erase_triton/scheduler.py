@@ -32,12 +32,13 @@
 Put the optimizer step after a `final=True` head (where the ring is joined back into the
 caller's stream) or after the context; a step with no final head joins only at exit.
 
-Early updates: ``Scheduler(mode, optimizer=opt)`` steps `opt` itself. In "erase" and
-"sequential" each segment's parameters (its block's and its head's) are updated right after
-that segment's backward, on its stream, so in "erase" the update of block i overlaps the
-forward of block i+1 instead of waiting for the whole step; parameters no segment owns are
-updated when step() exits, as in "e2e", where the whole update runs at exit. Same math as
-``opt.step()`` after the step: a detached block's parameters are read by no later segment.
+Early updates: ``Scheduler(mode, optimizer=opt)`` steps `opt` itself. In "erase" each
+segment's parameters (its block's and its head's) are updated right after that segment's
+backward, on its stream, so the update of block i overlaps the next segments' work instead of
+waiting for the whole step; parameters no segment owns are updated when step() exits. In
+"sequential", "e2e" and the host-bound steps of adaptive erase (one stream: nothing to overlap,
+and one optimizer call a segment would only add host time) the whole update runs at exit. Same
+math as ``opt.step()`` after the step: a detached block's parameters are read by no later segment.
 A parameter reached by several segments is updated after the last of them; which one that is
 comes from the previous step, so the first step (and a step whose heads differ from the
 previous one's) updates at exit. A segment whose backward would reach a parameter already
@@ -419,7 +420,9 @@ class Scheduler:
     def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
         seg = self._seg
-        early = self._optimizer is not None and self.mode != "e2e"
+        # early updates in erase steps only: on one stream (sequential, and the host-bound steps
+        # of adaptive erase) they would overlap nothing and cost host time (one optimizer call a segment)
+        early = self._optimizer is not None and self.mode == "erase" and not self._seq_step
         leaves = self._leaves(head, h, seg) if early or (self.mode == "erase" and not self._seq_step) else None
         update = self._segment_update(head, seg, leaves) if early else None
         if self.mode != "erase" or self._seq_step:
@@ -485,7 +488,7 @@ class Scheduler:
     def _early_updates(self) -> bool:
         """At step entry: whether the update plan (learned from the previous step) still fits."""
         opt = self._optimizer
-        if opt is None or self.mode == "e2e":
+        if opt is None or self.mode != "erase":
             return False
         if self.update_plan is not None and self.update_plan.key != _param_key(opt):
             self.update_plan = None  # the optimizer's parameters changed: learn again
@@ -524,7 +527,7 @@ class Scheduler:
         if any(rest):
             self.last_trace.append(("update", "exit", sum(map(len, rest))))
             _step_subset(opt, rest)
-        if self.mode != "e2e":
+        if self._segments:  # an erase step that forked: its segments are the plan
             heads = [h for h, _ in self._segments]
             if self.update_plan is None or not self._plan_ok or heads != self.update_plan.heads:
                 self.update_plan = UpdatePlan.learn(opt, self._segments, _param_key(opt))

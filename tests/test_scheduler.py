@@ -730,8 +730,8 @@ def _two_group_adamw(model):
 def test_early_updates_equal_stepping_after(mode, make_opt, share):
     # Scheduler(optimizer=) updates each segment's parameters right after its backward: the
     # same training as opt.step() after the step, bit for bit; the first step updates at exit
-    # (nothing learned yet), later ones after each segment (a shared parameter after the last
-    # segment reaching it), e2e always at exit
+    # (nothing learned yet), later erase steps after each segment (a shared parameter after the
+    # last segment reaching it), sequential and e2e always at exit
     torch.manual_seed(3)
     a = Chain(share=share)
     b = copy.deepcopy(a)
@@ -748,7 +748,7 @@ def test_early_updates_equal_stepping_after(mode, make_opt, share):
         ob.step()
         updates = [e[1:] for e in sa.last_trace if e[0] == "update"]
         n = sum(1 for g in oa.param_groups for _ in g["params"])
-        if i == 0 or mode == "e2e":
+        if i == 0 or mode != "erase":
             assert updates == [("exit", n)], sa.last_trace
         else:  # four segments of 6 parameters (block 2 + 2 head); with share, block 0's first layer moves to 2
             assert updates == ([(0, 4), (1, 6), (2, 6), (3, 6)] if share else [(j, 6) for j in range(4)])
@@ -793,7 +793,7 @@ def test_early_updates_relearn_and_own_the_optimizer():
     model = Chain(n=3)
     x, y = data("bce")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = Scheduler("sequential", optimizer=opt)
+    sched = Scheduler("erase", optimizer=opt)
     for _ in range(2):
         with sched.step():
             model(x, y)
