@@ -1,0 +1,88 @@
+"""Early updates (Scheduler(optimizer=)) against the optimizer step after the step, graphed erase.
+
+For each size and optimizer (SGD; Adam with capturable=True, foreach) it times graphed erase with
+the update at the end and with early updates, alternating the two over --captures rounds (a fresh
+model and capture each), and the optimizer's step alone (all parameters, grads populated) — the
+most early updates could take off a step's tail.
+
+    python benchmarks/bench_early_update.py --out benchmarks/results/early_update.csv [--captures 3]
+
+CUDA only.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import print_table  # noqa: E402
+
+from erase_triton import Scheduler  # noqa: E402
+from erase_triton.study import (_step_runner, _tf32_metadata, median_ms, mlp_workload,  # noqa: E402
+                                transformer_workload, write_csv)
+from erase_triton.train import training_step  # noqa: E402
+
+SIZES = {
+    "mlp:512:1024:tf32": lambda: mlp_workload(512, 1024, torch.float32),
+    "mlp:512:4096:tf32": lambda: mlp_workload(512, 4096, torch.float32),
+    "mlp:256:1024:bf16": lambda: mlp_workload(256, 1024, torch.bfloat16),
+    "transformer:512:32:128": lambda: transformer_workload(512, 32, 128),
+    "transformer:1024:32:256": lambda: transformer_workload(1024, 32, 256),
+}
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-4, capturable=True, foreach=True),
+}
+
+
+def graphed_erase_ms(build, make_opt, early: bool) -> float:
+    model, inputs = build()
+    opt = make_opt(model.parameters())
+    sched = Scheduler("erase", optimizer=opt if early else None)
+    run = _step_runner(sched, training_step(model, opt, step_optimizer=not early), inputs, True)
+    return median_ms(run, 30, 5)
+
+
+def update_alone_ms(build, make_opt) -> float:
+    model, inputs = build()
+    opt = make_opt(model.parameters())
+    with Scheduler("sequential").step():
+        model(*inputs)  # populates every .grad
+    return median_ms(opt.step, 30, 5)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/early_update.csv")
+    ap.add_argument("--captures", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, choices=sorted(SIZES))
+    ap.add_argument("--optimizers", nargs="*", default=sorted(OPTIMIZERS), choices=sorted(OPTIMIZERS))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_early_update.py needs CUDA (graphed steps, CUDA events)")
+    meta = _tf32_metadata()
+    rows = []
+    for size in args.only or SIZES:
+        build = SIZES[size]
+        for oname in args.optimizers:
+            make = OPTIMIZERS[oname]
+            end, early = [], []
+            for _ in range(args.captures):  # alternate: drift hits both alike
+                end.append(graphed_erase_ms(build, make, False))
+                early.append(graphed_erase_ms(build, make, True))
+            r = dict(size=size, optimizer=oname, update_alone_ms=update_alone_ms(build, make),
+                     erase_ms=statistics.median(end), erase_early_ms=statistics.median(early),
+                     erase_each=";".join(f"{m:.4f}" for m in end), early_each=";".join(f"{m:.4f}" for m in early))
+            r["early_vs_end"] = r["erase_ms"] / r["erase_early_ms"]
+            r["saved_ms"] = r["erase_ms"] - r["erase_early_ms"]
+            rows.append(r)
+            print(r, flush=True)
+            write_csv(args.out, rows, meta)
+            torch.cuda.empty_cache()
+    print_table(rows, ["size", "optimizer", "update_alone_ms", "erase_ms", "erase_early_ms", "early_vs_end", "saved_ms"])
+
+
+if __name__ == "__main__":
+    main()
