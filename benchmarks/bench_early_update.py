@@ -35,7 +35,7 @@ SIZES = {
 OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-4, capturable=True, foreach=True),
-    "adam-fused": lambda ps: torch.optim.Adam(ps, lr=1e-4, fused=True),
+    "adam-fused": lambda ps: torch.optim.Adam(ps, lr=1e-4, fused=True, capturable=True),
 }
 
 

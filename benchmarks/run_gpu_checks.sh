@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of erase_triton in one command, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh [RESULTS_DIR] [parts...]
-#   parts: tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench compile partition   (default: all; together they need more than
+#   parts: tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench compile early partition   (default: all; together they need more than
 #   one 10-minute call on a single H200, so run them in groups)
 # Installs the project (no network needed), runs the GPU tests and the studies, and
 # leaves CSVs (with GPU name, torch and triton versions), plots and traces in RESULTS_DIR.
 # Per-part time limits come from T_<PART> (seconds); extra arguments from SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, TUNE_ARGS, CE_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS;
-# TESTS_K / KTESTS_K select tests (pytest -k) of the tests / ktests parts, CE_OUT, REGS_OUT, STREAM_OUT, TWOPASS_OUT, SCHED_OUT and COMPILE_OUT name the ce, regs, stream, twopass, schedule and compile parts' CSVs.
+# TESTS_K / KTESTS_K select tests (pytest -k) of the tests / ktests parts, CE_OUT, REGS_OUT, STREAM_OUT, TWOPASS_OUT, SCHED_OUT, COMPILE_OUT and EARLY_OUT name the ce, regs, stream, twopass, schedule, compile and early parts' CSVs.
 set -u
 RES=${1:-benchmarks/results}; shift || true
-PARTS=${*:-tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench compile partition}
+PARTS=${*:-tests ktests host step tune side tiles regs stream twopass head ce schedule sweep trace bench compile early partition}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -44,6 +44,8 @@ for p in $PARTS; do
     # uncompiled graphed rows of the same sizes
     compile)  timeout ${T_COMPILE:-480} python3 benchmarks/bench_compile.py --paired --out "$RES/${COMPILE_OUT:-bench_compile.csv}" \
                 ${COMPILE_ARGS:-} | grep -v "^{" ;;
+    # early: early updates (Scheduler(optimizer=)) vs the update at the end, SGD / foreach Adam / fused Adam (~1.5 min)
+    early)    timeout ${T_EARLY:-300} python3 benchmarks/bench_early_update.py --out "$RES/${EARLY_OUT:-early_update.csv}" | grep -v "^{" ;;
     partition) timeout ${T_PART:-240} python3 benchmarks/bench_partition.py --out "$RES/partition.csv" | grep -v "^{" ;;
   esac
 done

@@ -115,6 +115,41 @@ def plot_bench(rows: list[dict], path: str):
     _save(fig, path)
 
 
+def plot_early_update(rows: list[dict], path: str):
+    """bench_early_update.py: graphed erase with early updates against the update at the end, per
+    size and optimizer (left), and the Adam steps against the strongest Adam baseline, graphed e2e
+    with fused Adam (right; without an adam-fused row, each optimizer's own e2e)."""
+    rs = [r for r in rows if r.get("early_vs_end") not in (None, "")]
+    sizes = list(dict.fromkeys(r["size"] for r in rs))
+    opts = list(dict.fromkeys(r["optimizer"] for r in rs))
+    by = {(r["size"], r["optimizer"]): r for r in rs}
+    fused = "adam-fused" in opts
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+
+    def bars(ax, series, ylabel):
+        width = 0.8 / len(series)
+        for i, (label, value) in enumerate(series):
+            ax.bar([j + i * width for j in range(len(sizes))], [value(sz) for sz in sizes], width, label=label)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))])
+        ax.set_xticklabels([s.replace(":", "\n", 1) for s in sizes], fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+
+    def get(sz, o, col):
+        r = by.get((sz, o))
+        return _f(r, col) if r else float("nan")
+    bars(axes[0], [(o, lambda sz, o=o: get(sz, o, "early_vs_end")) for o in opts],
+         "erase: early updates / update at the end")
+    adams = [o for o in opts if o.startswith("adam")]
+    base = (lambda sz, o: get(sz, "adam-fused", "e2e_ms")) if fused else (lambda sz, o: get(sz, o, "e2e_ms"))
+    bars(axes[1], [(f"{o}: erase, {what}", lambda sz, o=o, col=col: base(sz, o) / get(sz, o, col))
+                   for o in adams for what, col in (("update at the end", "erase_ms"), ("early updates", "erase_early_ms"))],
+         "speedup over graphed e2e with " + ("fused Adam" if fused else "the same optimizer"))
+    fig.suptitle(f"Early updates, graphed steps ({_gpu(rows)})", fontsize=9)
+    _save(fig, path)
+
+
 def plot_schedule(rows: list[dict], path: str):
     """bench_schedule.py summary: graphed erase vs sequential and fused vs PyTorch heads."""
     rs = [r for r in rows if "graph_erase_vs_seq" in r]
@@ -305,7 +340,9 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     folder = out_dir or os.path.dirname(csv_path) or "."
     os.makedirs(folder, exist_ok=True)
     out = os.path.join(folder, stem + ".png")
-    if {"fused_us", "stream_us"} <= cols:
+    if {"early_vs_end", "optimizer"} <= cols:
+        plot_early_update(rows, out)
+    elif {"fused_us", "stream_us"} <= cols:
         plot_side_head_stream(rows, out)
     elif {"group_tiles", "us", "occupancy"} <= cols and "path" not in cols:
         plot_side_head(rows, out)
