@@ -45,7 +45,8 @@ previous one's) updates at exit. A segment whose backward would reach a paramete
 updated in the step is refused with an error before its backward runs. The optimizer is then
 the scheduler's to step: a direct ``opt.step()`` raises (it would apply the update twice).
 Not for updates that read every gradient at once (global-norm clipping, GradScaler): keep
-those after the step, without optimizer=.
+those after the step, without optimizer=. A step that raises keeps the updates its segments
+made before the error and skips the one at exit.
 
 The plan (which segment runs on which stream, which events order what) is `RingPlan`,
 pure Python and unit-tested on CPU; `step()` carries it out and logs it in
@@ -527,7 +528,7 @@ class Scheduler:
         if any(rest):
             self.last_trace.append(("update", "exit", sum(map(len, rest))))
             _step_subset(opt, rest)
-        if self._segments:  # an erase step that forked: its segments are the plan
+        if self._segments:  # an erase step off the host-bound path: its segments are the next plan
             heads = [h for h, _ in self._segments]
             if self.update_plan is None or not self._plan_ok or heads != self.update_plan.heads:
                 self.update_plan = UpdatePlan.learn(opt, self._segments, _param_key(opt))
