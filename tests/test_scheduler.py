@@ -756,15 +756,20 @@ def test_early_updates_equal_stepping_after(mode, make_opt, share):
             assert torch.equal(p, q), (i, k)
 
 
+def _early_erase(model, x, y, steps=2):
+    """An erase Scheduler stepping model's SGD (early updates) after `steps` steps on (x, y)."""
+    sched = Scheduler("erase", optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(steps):
+        with sched.step():
+            model(x, y)
+    return sched
+
+
 def test_early_updates_refuse_a_segment_reaching_an_updated_parameter():
     torch.manual_seed(0)
     model = Chain()
     x, y = data("bce")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = Scheduler("erase", optimizer=opt)
-    for _ in range(2):
-        with sched.step():
-            model(x, y)
+    sched = _early_erase(model, x, y)
     # segment 1 gets a new head and block 0's first layer, which the plan updates after segment 0
     model.heads[1] = LocalHead(24, 3, "bce")
     model.blocks[1][0] = model.blocks[0][0]
@@ -774,11 +779,7 @@ def test_early_updates_refuse_a_segment_reaching_an_updated_parameter():
     # the same change with the old head: found only after reset() (each segment's leaves are
     # found once); then learned anew, the shared layer updated after segment 2
     model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = Scheduler("erase", optimizer=opt)
-    for _ in range(2):
-        with sched.step():
-            model(x, y)
+    sched = _early_erase(model, x, y)
     model.blocks[2][0] = model.blocks[0][0]
     sched.reset()
     for _ in range(2):
@@ -792,11 +793,8 @@ def test_early_updates_relearn_and_own_the_optimizer():
     torch.manual_seed(0)
     model = Chain(n=3)
     x, y = data("bce")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = Scheduler("erase", optimizer=opt)
-    for _ in range(2):
-        with sched.step():
-            model(x, y)
+    sched = _early_erase(model, x, y)
+    opt = sched.optimizer
     with pytest.raises(RuntimeError, match="stepped by a Scheduler"):
         opt.step()  # would apply the update twice
     # a new parameter group: the plan is learned again (this step updates at exit)
