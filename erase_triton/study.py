@@ -111,10 +111,11 @@ def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_00
 
 
 def transformer_workload(width: int, batch: int, seq: int, *, occupancy="auto", backend="auto", device="cuda",
-                         dtype=torch.bfloat16, seed=0):
+                         dtype=torch.bfloat16, seed=0, head_every: int = 1):
+    """The six-layer transformer (a CE head every `head_every` layers) and one batch of tokens."""
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
-                            backend=backend, occupancy=occupancy).to(device, dtype)
+                            backend=backend, occupancy=occupancy, head_every=head_every).to(device, dtype)
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randint(0, 256, (batch, seq), generator=g).to(device)
     y = torch.randint(0, 256, (batch, seq), generator=g).to(device)

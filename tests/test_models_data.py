@@ -193,6 +193,47 @@ def test_transformer_modes():
         m.embed(torch.zeros(1, 17, dtype=torch.long))
 
 
+def test_transformer_head_every():
+    # head_every=2: three segments of two layers; erase == sequential == the detached reference
+    # written by hand, and e2e == plain autograd through all six layers (e2e_loss_fn)
+    import copy
+
+    import torch.nn.functional as F
+
+    from erase_triton.study import e2e_loss_fn
+    torch.manual_seed(0)
+    m = TinyTransformer(vocab=64, width=32, layers=6, n_heads=2, max_seq=8, head_every=2, backend="torch")
+    assert len(m.heads) == 3 and [h.final for h in m.heads] == [False, False, True]
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+
+    def grads(mode):
+        m.zero_grad(set_to_none=True)
+        with Scheduler(mode).step():
+            m(x, y)
+        return {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+    ref = copy.deepcopy(m)
+    h = ref.embed(x)
+    for i, head in enumerate(ref.heads):
+        h = ref.layers[2 * i + 1](ref.layers[2 * i](h))
+        out = ref.ln_f(h) if i == 2 else h
+        F.cross_entropy(head.logits(out).reshape(-1, 64), y.reshape(-1)).backward()
+        h = h.detach()
+    want = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+    for mode in ("sequential", "erase"):
+        got = grads(mode)
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
+    got = grads("e2e")
+    ref.zero_grad(set_to_none=True)
+    e2e_loss_fn(ref)(x, y).backward()
+    for k, p in ref.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[k], p.grad, rtol=1e-5, atol=1e-6, msg=k)
+    with pytest.raises(ValueError, match="head_every must be a positive int dividing layers=6"):
+        TinyTransformer(layers=6, head_every=4)
+
+
 # ------------------------------------------------------------------------ CLI
 @pytest.mark.skipif(not HAVE_RECBOLE, reason="recbole not installed")
 def test_cli_train_ctr_writes_summary(tmp_path, capsys):

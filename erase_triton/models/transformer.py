@@ -1,5 +1,6 @@
 """A six-layer decoder-only transformer with a LocalHead("ce") over the vocabulary
-after every layer; the final head (after the last LayerNorm) is the LM head."""
+after every layer (or every `head_every` layers); the final head (after the last LayerNorm)
+is the LM head."""
 from __future__ import annotations
 
 import torch
@@ -33,16 +34,21 @@ class Layer(nn.Module):
 
 
 class TinyTransformer(nn.Module):
+    """head_every=k: a LocalHead after every k-th layer (layers must be a multiple of k), so
+    layers/k segments: fewer detach points, fewer CE heads' work, less to overlap."""
+
     def __init__(self, vocab: int = 256, width: int = 256, layers: int = 6, n_heads: int = 4, max_seq: int = 128,
-                 backend: str = "auto", occupancy: float | str | None = "auto"):
+                 backend: str = "auto", occupancy: float | str | None = "auto", head_every: int = 1):
         super().__init__()
-        self.vocab, self.max_seq = vocab, max_seq
+        if isinstance(head_every, bool) or not isinstance(head_every, int) or head_every < 1 or layers % head_every:
+            raise ValueError(f"head_every must be a positive int dividing layers={layers}, got {head_every!r}")
+        self.vocab, self.max_seq, self.head_every = vocab, max_seq, head_every
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(max_seq, width)
         self.layers = nn.ModuleList(Layer(width, n_heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
-        self.heads = nn.ModuleList(LocalHead(width, vocab, "ce", final=(i == layers - 1), backend=backend,
-                                             occupancy=occupancy) for i in range(layers))
+        self.heads = nn.ModuleList(LocalHead(width, vocab, "ce", final=(i == layers // head_every - 1), backend=backend,
+                                             occupancy=occupancy) for i in range(layers // head_every))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] > self.max_seq:
@@ -52,9 +58,10 @@ class TinyTransformer(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x, y: [B, S] token ids (y = x shifted by one). Heads back-propagate; returns h."""
         h = self.embed(x)
-        last = len(self.layers) - 1
-        for i, (layer, head) in enumerate(zip(self.layers, self.heads)):
-            h = layer(h)
+        k, last = self.head_every, len(self.heads) - 1
+        for i, head in enumerate(self.heads):
+            for layer in self.layers[i * k:(i + 1) * k]:
+                h = layer(h)
             h = head(self.ln_f(h) if i == last else h, y)
         return h
 
