@@ -1,6 +1,8 @@
 """Model quality per mode: NE/AUC on MovieLens-100k (seeds) and byte-LM perplexity.
 
     python benchmarks/bench_quality.py [--seeds 3] [--out benchmarks/results/quality.csv]
+    python benchmarks/bench_quality.py --seeds 0 --lm-seeds 3 --head-every 1,2,3 --modes e2e erase \
+        --out benchmarks/results/quality_lm.csv     # the LM with a head every K layers (model transformer_kK)
 
 Runs on CPU or GPU (same code as `erase-triton train`). Writes per-run rows and a
 mean ± std summary (quality_summary.csv), and plots the summary.
@@ -28,9 +30,17 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--lm-seeds", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/quality.csv")
+    ap.add_argument("--head-every", default="1", help="K,...: the LM with a CE head every K layers "
+                    "(TinyTransformer(head_every=K)); rows of model transformer (K=1) or transformer_kK")
+    ap.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
     ap.add_argument("--embedding", choices=["table", "fused_sgd", "both"], default="both",
                     help="CTR tables: nn.Embedding + Adam (model 'ctr') and/or fused SGD ('ctr_fused_sgd')")
     args = ap.parse_args()
+    try:
+        ks = [int(k) for k in args.head_every.split(",")]
+    except ValueError:
+        raise SystemExit(f"--head-every: expected integers separated by commas, got {args.head_every!r}")
+    modes = list(args.modes)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = metadata()
     rows = []
@@ -38,22 +48,23 @@ def main():
     for emb in embeddings:
         name = "ctr" if emb == "table" else f"ctr_{emb}"
         for seed in range(args.seeds):
-            for mode in MODES:
+            for mode in modes:
                 r = train_ctr(mode=mode, seed=seed, device=dev, progress=False, embedding=emb)
                 rows.append(dict(model=name, mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
                                  examples_per_s=r["examples_per_s"], device=dev))
                 print(rows[-1], flush=True)
-    for seed in range(args.lm_seeds):
-        for mode in MODES:
-            r = train_transformer(mode=mode, seed=seed, device=dev, progress=False)
-            rows.append(dict(model="transformer", mode=mode, seed=seed, perplexity=r["perplexity"],
-                             examples_per_s=r["examples_per_s"], device=dev))
-            print(rows[-1], flush=True)
+    for k in ks:
+        for seed in range(args.lm_seeds):
+            for mode in modes:
+                r = train_transformer(mode=mode, seed=seed, device=dev, progress=False, head_every=k)
+                rows.append(dict(model="transformer" if k == 1 else f"transformer_k{k}", mode=mode, seed=seed,
+                                 perplexity=r["perplexity"], examples_per_s=r["examples_per_s"], device=dev))
+                print(rows[-1], flush=True)
     write_csv(args.out, rows, meta)
     summary = []
     for model in dict.fromkeys(r["model"] for r in rows):
         metrics = ["ne", "auc"] if model.startswith("ctr") else ["perplexity"]
-        for mode in MODES:
+        for mode in modes:
             rs = [r for r in rows if r["model"] == model and r["mode"] == mode]
             if not rs:
                 continue
@@ -66,7 +77,8 @@ def main():
     base = {s["model"]: s for s in summary if s["mode"] == "e2e"}
     for s in summary:
         key = "ne_mean" if s["model"].startswith("ctr") else "perplexity_mean"
-        s["rel_to_e2e_pct"] = 100 * (s[key] / base[s["model"]][key] - 1)
+        if s["model"] in base:
+            s["rel_to_e2e_pct"] = 100 * (s[key] / base[s["model"]][key] - 1)
     path = os.path.splitext(args.out)[0] + "_summary.csv"
     write_csv(path, summary, meta)
     plot_quality([{k: str(v) for k, v in s.items()} for s in summary], os.path.splitext(path)[0] + ".png")

@@ -186,7 +186,10 @@ def evaluate_lm(model, val: torch.Tensor, seq: int, device, max_windows: int = 2
 
 
 def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, width=128,
-                      seq=64, lr=1e-3, text="pydoc", eval_every=None, backend="auto", progress=True) -> dict:
+                      seq=64, lr=1e-3, text="pydoc", eval_every=None, backend="auto", progress=True,
+                      head_every: int = 1) -> dict:
+    """The six-layer byte LM (a CE head every `head_every` layers) trained in `mode`; returns
+    the final validation perplexity (of the final head) and throughput."""
     from .data.text import lm_batches, load_text
     from .models.transformer import TinyTransformer
 
@@ -196,7 +199,7 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
     torch.manual_seed(seed)
     tr, va = load_text(text)
     model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
-                            backend=backend).to(dev)
+                            backend=backend, head_every=head_every).to(dev)
     opt = _make_opt(model, lr, dev, graph)
     it = lm_batches(tr, batch_size, seq, torch.Generator().manual_seed(seed), device=dev)
     first = next(it)
@@ -204,7 +207,8 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
     train_time, history = _loop(run, it, first, opt, lr, steps, eval_every, progress, dev,
                                 lambda: {"val_perplexity": evaluate_lm(model, va, seq, dev)},
                                 lambda v: f"val ppl {v['val_perplexity']:.2f}")
-    return {"model": "transformer", "data": text, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
+    return {"model": "transformer", "head_every": head_every, "data": text, "mode": mode, "graph": graph,
+            "device": str(dev), "seed": seed,
             "steps": steps, "batch_size": batch_size, "seq": seq, "perplexity": history[-1]["val_perplexity"],
             "examples_per_s": steps * batch_size / max(train_time, 1e-9), "tokens_per_s":
             steps * batch_size * seq / max(train_time, 1e-9), "peak_memory_mb": _peak_memory_mb(dev),
