@@ -39,7 +39,10 @@ def main():
     try:
         ks = [int(k) for k in args.head_every.split(",")]
     except ValueError:
-        raise SystemExit(f"--head-every: expected integers separated by commas, got {args.head_every!r}")
+        ks = []
+    if not ks or any(k < 1 or 6 % k for k in ks):
+        raise SystemExit(f"--head-every: expected divisors of the LM's 6 layers (1, 2, 3, 6) separated by commas, "
+                         f"got {args.head_every!r}")
     modes = list(args.modes)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = metadata()
