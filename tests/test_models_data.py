@@ -253,6 +253,11 @@ def test_cli_train_transformer(tmp_path):
 
     r = train.train_transformer(steps=3, batch_size=2, width=32, seq=16, backend="torch", progress=False)
     assert r["perplexity"] > 1 and r["examples_per_s"] > 0
+    r = train.train_transformer(steps=2, batch_size=2, width=32, seq=16, backend="torch", progress=False, head_every=3)
+    assert r["head_every"] == 3 and r["perplexity"] > 1
+    from erase_triton.cli import main
+    with pytest.raises(SystemExit, match="--head-every is for --model transformer"):
+        main(["train", "--head-every", "2"])
 
 
 def test_cli_graph_needs_cuda():
