@@ -21,9 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import print_table  # noqa: E402
 
 from erase_triton import Scheduler  # noqa: E402
-from erase_triton.study import (_step_runner, _tf32_metadata, median_ms, mlp_workload,  # noqa: E402
+from erase_triton.study import (_tf32_metadata, median_ms, mlp_workload, time_step,  # noqa: E402
                                 transformer_workload, write_csv)
-from erase_triton.train import training_step  # noqa: E402
 
 SIZES = {
     "mlp:512:1024:tf32": lambda: mlp_workload(512, 1024, torch.float32),
@@ -41,10 +40,7 @@ OPTIMIZERS = {
 
 def graphed_ms(build, make_opt, early: bool, mode: str = "erase") -> float:
     model, inputs = build()
-    opt = make_opt(model.parameters())
-    sched = Scheduler(mode, optimizer=opt if early else None)
-    run = _step_runner(sched, training_step(model, opt, step_optimizer=not early), inputs, True)
-    return median_ms(run, 30, 5)
+    return time_step(model, inputs, mode, True, early_update=early, optimizer=make_opt)["ms"]
 
 
 def update_alone_ms(build, make_opt) -> float:

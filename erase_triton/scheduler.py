@@ -423,8 +423,9 @@ class Scheduler:
         seg = self._seg
         # early updates in erase steps only: on one stream (sequential, and the host-bound steps
         # of adaptive erase) they would overlap nothing and cost host time (one optimizer call a segment)
-        early = self._optimizer is not None and self.mode == "erase" and not self._seq_step
-        leaves = self._leaves(head, h, seg) if early or (self.mode == "erase" and not self._seq_step) else None
+        forking = self.mode == "erase" and not self._seq_step
+        early = forking and self._optimizer is not None
+        leaves = self._leaves(head, h, seg) if forking else None
         update = self._segment_update(head, seg, leaves) if early else None
         if self.mode != "erase" or self._seq_step:
             self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))

@@ -295,15 +295,17 @@ def with_heads(workload, heads: str, *args, **kw):
 
 
 def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float = 1e-3,
-              priorities: bool | str | None = None, compiled: bool = False, early_update: bool = False) -> dict:
+              priorities: bool | str | None = None, compiled: bool = False, early_update: bool = False,
+              optimizer=None) -> dict:
     """Median step time (ms) of one mode; eager runs also report peak memory.
     priorities: Scheduler(priorities=...) of the erase ring; None: the Scheduler's default.
     compiled: torch.compile the blocks between the heads first (`compile_blocks`, Inductor).
-    early_update: the scheduler steps the SGD itself, each segment's parameters after its backward
-    (Scheduler(optimizer=)); otherwise opt.step() after the step."""
+    early_update: the scheduler steps the optimizer itself, each segment's parameters after its
+    backward (Scheduler(optimizer=)); otherwise opt.step() after the step.
+    optimizer: params -> torch.optim.Optimizer (default: SGD at lr)."""
     if compiled:
         compile_blocks(model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = optimizer(model.parameters()) if optimizer is not None else torch.optim.SGD(model.parameters(), lr=lr)
     kw = {} if priorities is None else dict(priorities=priorities)
     sched = Scheduler(mode, streams=streams, optimizer=opt if early_update else None, **kw)
     step = training_step(model, opt, step_optimizer=not early_update)

@@ -10,6 +10,7 @@ import erase_triton as et
 import erase_triton.kernels.local_head as klh
 from erase_triton import LocalHead, Scheduler, fused_local_head, reference
 from erase_triton.reference import head_loss
+from erase_triton.train import training_step
 
 pytestmark = pytest.mark.gpu
 dev = "cuda"
@@ -203,13 +204,7 @@ def mlp_chain(width=512, n=6, relu_in_head=False):
 
 def sgd_step(model, lr=0.05):
     """step(*inputs): zero grads, forward (the heads back-propagate), SGD step."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-
-    def step(*xs):
-        opt.zero_grad(set_to_none=True)
-        model(*xs)
-        opt.step()
-    return step
+    return training_step(model, torch.optim.SGD(model.parameters(), lr=lr))
 
 
 def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False, early=False):
@@ -224,12 +219,8 @@ def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False, ear
             step_e(xs[0], ys[0])
     sx, sy = xs[0].clone(), ys[0].clone()
     if early:
-        opt = torch.optim.SGD(m_graph.parameters(), lr=0.05)
-        sched.optimizer = opt
-
-        def step_g(*a):
-            opt.zero_grad(set_to_none=True)
-            m_graph(*a)
+        opt = sched.optimizer = torch.optim.SGD(m_graph.parameters(), lr=0.05)
+        step_g = training_step(m_graph, opt, step_optimizer=False)
     else:
         step_g = sgd_step(m_graph)
     replay = sched.capture(step_g, sx, sy, warmup=3)
