@@ -410,8 +410,12 @@ def test_early_updates_capture_equals_stepping_after(mode, relu):
                 step_e(x, y)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    # twelve steps in, the heads' float-atomic partial sums (non-deterministic order) have drifted
+    # apart by more than 1e-5 on a small bias in 2 of 5 runs on the H200 (session 18): the tolerance
+    # of the compiled-blocks training test. A stream race (an update reading a gradient before its
+    # backward, or a parameter stepped twice) moves parameters by lr x grad, far above it.
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
-        torch.testing.assert_close(pg, pe, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_capture_records_no_workspace_fills():
