@@ -8,7 +8,8 @@
 - with --paired, the graphed e2e / sequential / erase rows with uncompiled blocks ("graph"), in
   the same run (ratios across runs carry the runs' drift);
 - with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies;
-- with --head-every K, the transformer with a CE head every K layers (6/K segments; column head_every);
+- with --head-every K, both models with a local head after every K-th of their six blocks (6/K
+  segments; column head_every);
 - with --early-update, erase (compiled blocks, and with --paired uncompiled too) with early updates:
   the scheduler steps each segment's SGD right after its backward (Scheduler(optimizer=); column
   early_update=1).
@@ -29,8 +30,7 @@ import time
 import torch
 
 from erase_triton import LaunchConfig
-from erase_triton.study import (COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step,
-                                transformer_workload, write_csv)
+from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv
 
 
 def main():
@@ -43,7 +43,8 @@ def main():
     ap.add_argument("--beside", default="", help="OCC,...: also erase with compiled blocks and the heads beside the next "
                     "segment at these occupancies (1: the whole device); column beside")
     ap.add_argument("--head-every", type=int, default=1,
-                    help="transformer sizes: a LocalHead every K layers (TinyTransformer(head_every=K)); column head_every")
+                    help="a LocalHead after every K-th of the six blocks (TinyTransformer / CTRConfig(head_every=K)); "
+                    "column head_every")
     ap.add_argument("--early-update", action="store_true",
                     help="also erase with early updates (Scheduler(optimizer=)); column early_update")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
@@ -52,13 +53,9 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("bench_compile.py needs CUDA (the steps are timed with CUDA events)")
     if args.head_every < 1 or 6 % args.head_every:
-        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (it divides the transformer's 6 layers), got {args.head_every}")
-    cases = [(f"{name}:{desc['width']}", name, desc, build) for name, desc, build in bench_cases()
+        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (it divides the models' 6 blocks), got {args.head_every}")
+    cases = [(f"{name}:{desc['width']}", name, desc, build) for name, desc, build in bench_cases(head_every=args.head_every)
              if (name, desc["width"], desc["batch"]) in COMPILE_AT]
-    if args.head_every != 1:  # the transformer with fewer heads; the CTR sizes as they are
-        cases = [(key, name, dict(desc, head_every=args.head_every), lambda d=desc: transformer_workload(
-                     d["width"], d["batch"], d["seq"], head_every=args.head_every)) if name == "transformer"
-                 else (key, name, desc, build) for key, name, desc, build in cases]
     known = {key for key, *_ in cases}
     unknown = sorted(set(args.only or ()) - known)
     if unknown:

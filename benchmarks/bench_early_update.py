@@ -4,9 +4,10 @@ For each size and optimizer (SGD; Adam with capturable=True, foreach; Adam with 
 kernel a step: the strongest Adam a user would pick) it times graphed erase with the update at the
 end and with early updates, and graphed e2e (the update at the end), alternating them over
 --captures rounds (a fresh model and capture each), and the optimizer's step alone, issued eagerly
-(all parameters, grads populated; host-bound for the foreach Adam).
+(all parameters, grads populated; host-bound for the foreach Adam). With --compiled, every step
+has its blocks compiled first (`compile_blocks`; e2e too, so the three rows compare like with like).
 
-    python benchmarks/bench_early_update.py --out benchmarks/results/early_update.csv [--captures 3]
+    python benchmarks/bench_early_update.py --out benchmarks/results/early_update.csv [--captures 3] [--compiled]
 
 CUDA only.
 """
@@ -38,9 +39,9 @@ OPTIMIZERS = {
 }
 
 
-def graphed_ms(build, make_opt, early: bool, mode: str = "erase") -> float:
+def graphed_ms(build, make_opt, early: bool, mode: str = "erase", compiled: bool = False) -> float:
     model, inputs = build()
-    return time_step(model, inputs, mode, True, early_update=early, optimizer=make_opt)["ms"]
+    return time_step(model, inputs, mode, True, early_update=early, optimizer=make_opt, compiled=compiled)["ms"]
 
 
 def update_alone_ms(build, make_opt) -> float:
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--captures", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None, choices=sorted(SIZES))
     ap.add_argument("--optimizers", nargs="*", default=sorted(OPTIMIZERS), choices=sorted(OPTIMIZERS))
+    ap.add_argument("--compiled", action="store_true", help="compile the blocks between the heads (column compiled=1)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_early_update.py needs CUDA (graphed steps, CUDA events)")
@@ -69,10 +71,10 @@ def main():
             end, early, e2e = [], [], []
             try:
                 for _ in range(args.captures):  # alternate: drift hits all alike
-                    end.append(graphed_ms(build, make, False))
-                    early.append(graphed_ms(build, make, True))
-                    e2e.append(graphed_ms(build, make, False, "e2e"))
-                r = dict(size=size, optimizer=oname, update_alone_ms=update_alone_ms(build, make),
+                    end.append(graphed_ms(build, make, False, compiled=args.compiled))
+                    early.append(graphed_ms(build, make, True, compiled=args.compiled))
+                    e2e.append(graphed_ms(build, make, False, "e2e", compiled=args.compiled))
+                r = dict(size=size, optimizer=oname, compiled=int(args.compiled), update_alone_ms=update_alone_ms(build, make),
                          e2e_ms=statistics.median(e2e), erase_ms=statistics.median(end),
                          erase_early_ms=statistics.median(early), erase_each=";".join(f"{m:.4f}" for m in end),
                          early_each=";".join(f"{m:.4f}" for m in early))
@@ -80,7 +82,7 @@ def main():
                 r["saved_ms"] = r["erase_ms"] - r["erase_early_ms"]
                 r["early_vs_e2e"] = r["e2e_ms"] / r["erase_early_ms"]
             except Exception as e:  # noqa: BLE001 -- a failing optimizer keeps a row with its error
-                r = dict(size=size, optimizer=oname, error=repr(e)[:200])
+                r = dict(size=size, optimizer=oname, compiled=int(args.compiled), error=repr(e)[:200])
             rows.append(r)
             print(r, flush=True)
             write_csv(args.out, rows, meta)

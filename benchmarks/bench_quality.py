@@ -3,6 +3,8 @@
     python benchmarks/bench_quality.py [--seeds 3] [--out benchmarks/results/quality.csv]
     python benchmarks/bench_quality.py --seeds 0 --lm-seeds 3 --head-every 1,2,3 --modes e2e erase \
         --out benchmarks/results/quality_lm.csv     # the LM with a head every K layers (model transformer_kK)
+    python benchmarks/bench_quality.py --seeds 3 --lm-seeds 0 --head-every 1,2,3 --embedding table \
+        --modes e2e erase --out benchmarks/results/quality_ctr.csv   # the CTR model likewise (model ctr_kK)
 
 Runs on CPU or GPU (same code as `erase-triton train`). Writes per-run rows and a
 mean ± std summary (quality_summary.csv), and plots the summary.
@@ -30,8 +32,9 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--lm-seeds", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/quality.csv")
-    ap.add_argument("--head-every", default="1", help="K,...: the LM with a CE head every K layers "
-                    "(TinyTransformer(head_every=K)); rows of model transformer (K=1) or transformer_kK")
+    ap.add_argument("--head-every", default="1", help="K,...: both models with a local head after every K-th of "
+                    "their six blocks (TinyTransformer / CTRConfig(head_every=K)); rows of model transformer, ctr, "
+                    "ctr_fused_sgd (K=1) or the same with _kK")
     ap.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
     ap.add_argument("--embedding", choices=["table", "fused_sgd", "both"], default="both",
                     help="CTR tables: nn.Embedding + Adam (model 'ctr') and/or fused SGD ('ctr_fused_sgd')")
@@ -41,7 +44,7 @@ def main():
     except ValueError:
         ks = []
     if not ks or any(k < 1 or 6 % k for k in ks):
-        raise SystemExit(f"--head-every: expected divisors of the LM's 6 layers (1, 2, 3, 6) separated by commas, "
+        raise SystemExit(f"--head-every: expected divisors of the models' 6 blocks (1, 2, 3, 6) separated by commas, "
                          f"got {args.head_every!r}")
     modes = list(args.modes)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,13 +52,14 @@ def main():
     rows = []
     embeddings = ["table", "fused_sgd"] if args.embedding == "both" else [args.embedding]
     for emb in embeddings:
-        name = "ctr" if emb == "table" else f"ctr_{emb}"
-        for seed in range(args.seeds):
-            for mode in modes:
-                r = train_ctr(mode=mode, seed=seed, device=dev, progress=False, embedding=emb)
-                rows.append(dict(model=name, mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
-                                 examples_per_s=r["examples_per_s"], device=dev))
-                print(rows[-1], flush=True)
+        for k in ks:
+            name = ("ctr" if emb == "table" else f"ctr_{emb}") + ("" if k == 1 else f"_k{k}")
+            for seed in range(args.seeds):
+                for mode in modes:
+                    r = train_ctr(mode=mode, seed=seed, device=dev, progress=False, embedding=emb, head_every=k)
+                    rows.append(dict(model=name, mode=mode, seed=seed, ne=r["ne"], auc=r["auc"], logloss=r["logloss"],
+                                     examples_per_s=r["examples_per_s"], device=dev))
+                    print(rows[-1], flush=True)
     for k in ks:
         for seed in range(args.lm_seeds):
             for mode in modes:

@@ -93,14 +93,17 @@ CTR_EMBEDDING = "fused_sgd"
 
 
 def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_000, emb_dim: int = 64,
-                 occupancy="auto", backend="auto", device="cuda", seed=0, embedding=CTR_EMBEDDING):
+                 occupancy="auto", backend="auto", device="cuda", seed=0, embedding=CTR_EMBEDDING,
+                 head_every: int = 1):
     """The DLRM-like proxy of DESIGN.md: 26 tables of rows x emb_dim, 13 dense features,
-    six dense subarchitectures of `width` with local BCE heads, and the final head.
+    six dense subarchitectures of `width` with local BCE heads (after every `head_every`-th
+    one), and the final head.
     embedding: "fused_sgd" (default; SGD fused into the embedding backward, as production
     CTR trainers run their tables) or "table" (26 nn.Embedding with dense gradients)."""
     torch.manual_seed(seed)
     cfg = CTRConfig(n_dense=13, cardinalities=[rows] * tables, emb_dim=emb_dim, width=width, depth=2,
-                    occupancy=occupancy, backend=backend, embedding=embedding, embedding_lr=1e-3)
+                    occupancy=occupancy, backend=backend, embedding=embedding, embedding_lr=1e-3,
+                    head_every=head_every)
     with torch.device(device):  # initialise the 166M embedding entries where they live
         model = CTRModel(cfg)
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -411,18 +414,23 @@ COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("
 # ^ the torch.compile rows (`compile_rows`) are timed here: each costs compiles
 
 
-def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: str = CTR_EMBEDDING) -> list:
+def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: str = CTR_EMBEDDING,
+                head_every: int = 1) -> list:
     """The speedup study's sizes as (model name, size dict, build() -> (model, inputs)); on a
-    CPU one small size a model."""
+    CPU one small size a model. head_every=k: both models with a local head after every k-th
+    of their six blocks (size dicts then carry head_every)."""
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
     tf = [(64, 4, 32)] if not cuda else (BENCH_TF[:2] if quick else BENCH_TF)
-    cases = [("ctr", dict(width=w, batch=b, embedding=embedding),
-              lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding))
+    k = {} if head_every == 1 else dict(head_every=head_every)
+    cases = [("ctr", dict(width=w, batch=b, embedding=embedding, **k),
+              lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding,
+                                            head_every=head_every))
              for w, b in ctr if "ctr" in models]
-    cases += [("transformer", dict(width=w, batch=b, seq=s),
-               lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32))
+    cases += [("transformer", dict(width=w, batch=b, seq=s, **k),
+               lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32,
+                                                          head_every=head_every))
               for w, b, s in tf if "transformer" in models]
     return cases
 

@@ -132,9 +132,10 @@ def evaluate_ctr(model, data, batch: int = 8192) -> dict:
 
 def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=False, seed=0, data="movielens",
               width=64, emb_dim=16, depth=1, lr=1e-3, eval_every=None, synthetic_rows=200_000,
-              backend="auto", progress=True, embedding="table", embedding_lr=10.0) -> dict:
+              backend="auto", progress=True, embedding="table", embedding_lr=10.0, head_every=1) -> dict:
     """Adam on every parameter; with embedding="fused_sgd" the tables are updated by SGD
-    (embedding_lr, same cosine schedule) inside the backward instead."""
+    (embedding_lr, same cosine schedule) inside the backward instead. head_every=k: a local
+    head after every k-th of the six subarchitectures (CTRConfig.head_every)."""
     from .data import batches, load_movielens, synthetic_criteo
     from .models.ctr import CTRConfig, CTRModel
 
@@ -153,7 +154,8 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
         raise ValueError(f"data must be 'movielens' or 'synthetic', got {data!r}")
     tr, va, te = tr.to(dev), va.to(dev), te.to(dev)
     cfg = CTRConfig(n_dense=tr.dense.shape[1], cardinalities=tr.cardinalities, emb_dim=emb_dim, width=width,
-                    depth=depth, backend=backend, embedding=embedding, embedding_lr=embedding_lr)
+                    depth=depth, backend=backend, embedding=embedding, embedding_lr=embedding_lr,
+                    head_every=head_every)
     model = CTRModel(cfg).to(dev)
     on_lr = (lambda f: model.embeddings.set_lr(embedding_lr * f)) if embedding == "fused_sgd" else None
     opt = _make_opt(model, lr, dev, graph)
@@ -164,7 +166,8 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
                                 lambda: {f"val_{k}": x for k, x in evaluate_ctr(model, va).items()},
                                 lambda v: f"val NE {v['val_ne']:.4f} AUC {v['val_auc']:.4f}", on_lr)
     test = evaluate_ctr(model, te)
-    return {"model": "ctr", "data": data, "embedding": embedding, "mode": mode, "graph": graph, "device": str(dev), "seed": seed,
+    return {"model": "ctr", "data": data, "embedding": embedding, "head_every": head_every, "mode": mode,
+            "graph": graph, "device": str(dev), "seed": seed,
             "steps": steps, "batch_size": batch_size, **test,
             "examples_per_s": steps * batch_size / max(train_time, 1e-9),
             "peak_memory_mb": _peak_memory_mb(dev), "history": history}

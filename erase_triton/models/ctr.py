@@ -4,6 +4,8 @@
                                         +-> concat -> Linear(width) -> 6 x [cross layer + MLP -> LocalHead(bce)]
     dense fields  -> bottom MLP -------+                                -> over-arch MLP -> final LocalHead(bce)
 
+(CTRConfig(head_every=k): a local head after every k-th subarchitecture only.)
+
 Every subarchitecture ends at a detach point; in "e2e" mode only the final head is
 active and the gradient runs through everything. Sizes are configurable, so the same
 code is a tiny CPU model and a large GPU proxy.
@@ -34,6 +36,8 @@ class CTRConfig:
                                # "fused_sgd": one weight, SGD fused into backward (FusedSGDEmbeddings)
     embedding_lr: float = 10.0  # the fused SGD step (embedding="fused_sgd" only); on MovieLens-100k
                                 # (mean BCE, batch 512): 3 -> test NE 0.945, 10 -> 0.926, 30 diverges
+    head_every: int = 1         # a local head after every k-th subarchitecture (k divides n_subarch):
+                                # n_subarch / k detach points, each segment k subarchitectures deep
 
 
 class CrossLayer(nn.Module):
@@ -80,9 +84,12 @@ class CTRModel(nn.Module):
             raise ValueError(f"embedding must be 'table' or 'fused_sgd', got {cfg.embedding!r}")
         self.bottom = _mlp(cfg.n_dense, cfg.emb_dim, 1)
         self.proj = nn.Sequential(nn.Linear(cfg.emb_dim * (len(cfg.cardinalities) + 1), w), nn.ReLU())
+        k = cfg.head_every
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or cfg.n_subarch % k:
+            raise ValueError(f"head_every must be a positive int dividing n_subarch={cfg.n_subarch}, got {k!r}")
         self.subarchs = nn.ModuleList(SubArch(w, cfg.depth) for _ in range(cfg.n_subarch))
         kw = dict(occupancy=cfg.occupancy, backend=cfg.backend)
-        self.heads = nn.ModuleList(LocalHead(w, 1, "bce", **kw) for _ in range(cfg.n_subarch))
+        self.heads = nn.ModuleList(LocalHead(w, 1, "bce", **kw) for _ in range(cfg.n_subarch // k))
         self.over = _mlp(w, w, cfg.over_depth)
         self.final_head = LocalHead(w, 1, "bce", final=True, **kw)
 
@@ -100,8 +107,11 @@ class CTRModel(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         h = self.features(dense, sparse)
-        for sub, head in zip(self.subarchs, self.heads):
-            h = head(sub(h), label)
+        k = self.cfg.head_every
+        for i, head in enumerate(self.heads):
+            for sub in self.subarchs[i * k:(i + 1) * k]:
+                h = sub(h)
+            h = head(h, label)
         return self.final_head(self.over(h), label)
 
     @torch.no_grad()
