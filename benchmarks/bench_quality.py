@@ -7,11 +7,13 @@
         --modes e2e erase --out benchmarks/results/quality_ctr.csv   # the CTR model likewise (model ctr_kK)
 
 Runs on CPU or GPU (same code as `erase-triton train`). Writes per-run rows and a
-mean ± std summary (quality_summary.csv), and plots the summary.
+mean ± std summary (quality_summary.csv), and plots the summary; --from-csv RUNS.csv rebuilds the
+summary and plot of an earlier run without training.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton.plots import plot_quality  # noqa: E402
+from erase_triton.study import read_csv  # noqa: E402
 from erase_triton.train import train_ctr, train_transformer  # noqa: E402
 
 MODES = ["e2e", "sequential", "erase"]
@@ -38,7 +41,19 @@ def main():
     ap.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
     ap.add_argument("--embedding", choices=["table", "fused_sgd", "both"], default="both",
                     help="CTR tables: nn.Embedding + Adam (model 'ctr') and/or fused SGD ('ctr_fused_sgd')")
+    ap.add_argument("--from-csv", default=None, metavar="RUNS.csv",
+                    help="train nothing: rebuild RUNS_summary.csv and its plot from a per-run CSV this script wrote")
     args = ap.parse_args()
+    if args.from_csv:
+        rows = read_csv(args.from_csv)
+        meta_path = os.path.splitext(args.from_csv)[0] + ".meta.json"
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+        else:  # every row carries the GPU and versions (write_csv)
+            meta = {k: rows[0][k] for k in ("gpu", "torch", "triton") if rows and k in rows[0]}
+        write_summary(rows, MODES, args.from_csv, meta)
+        return
     try:
         ks = [int(k) for k in args.head_every.split(",")]
     except ValueError:
@@ -68,6 +83,11 @@ def main():
                                  perplexity=r["perplexity"], examples_per_s=r["examples_per_s"], device=dev))
                 print(rows[-1], flush=True)
     write_csv(args.out, rows, meta)
+    write_summary(rows, modes, args.out, meta)
+
+
+def summarize(rows: list[dict], modes) -> list[dict]:
+    """Mean ± std over seeds of each (model, mode), and the mean's change against e2e in %."""
     summary = []
     for model in dict.fromkeys(r["model"] for r in rows):
         metrics = ["ne", "auc"] if model.startswith("ctr") else ["perplexity"]
@@ -77,7 +97,7 @@ def main():
                 continue
             s = dict(model=model, mode=mode, runs=len(rs))
             for m in metrics:
-                v = [r[m] for r in rs]
+                v = [float(r[m]) for r in rs]
                 s[f"{m}_mean"] = statistics.fmean(v)
                 s[f"{m}_std"] = statistics.stdev(v) if len(v) > 1 else 0.0
             summary.append(s)
@@ -86,7 +106,13 @@ def main():
         key = "ne_mean" if s["model"].startswith("ctr") else "perplexity_mean"
         if s["model"] in base:
             s["rel_to_e2e_pct"] = 100 * (s[key] / base[s["model"]][key] - 1)
-    path = os.path.splitext(args.out)[0] + "_summary.csv"
+    return summary
+
+
+def write_summary(rows: list[dict], modes, out: str, meta: dict):
+    """OUT_summary.csv and its plot OUT_summary.png from the per-run rows, and the table."""
+    summary = summarize(rows, modes)
+    path = os.path.splitext(out)[0] + "_summary.csv"
     write_csv(path, summary, meta)
     plot_quality([{k: str(v) for k, v in s.items()} for s in summary], os.path.splitext(path)[0] + ".png")
     print_table(summary, ["model", "mode", "runs", "ne_mean", "ne_std", "auc_mean", "perplexity_mean", "rel_to_e2e_pct"])

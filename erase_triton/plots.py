@@ -211,14 +211,18 @@ def plot_quality(rows: list[dict], path: str):
     """NE (ctr) or perplexity (transformer) per mode, mean ± std over seeds."""
     panels = [(m, "ne" if m.startswith("ctr") else "perplexity") for m in dict.fromkeys(r["model"] for r in rows)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    colors = {"e2e": "#4C72B0", "sequential": "#55A868", "erase": "#DD8452"}
+    lims = defaultdict(list)  # one y-range for every panel of a metric, so bars compare across panels
+    for r in rows:
+        metric = "ne" if r["model"].startswith("ctr") else "perplexity"
+        lims[metric].append(_f(r, f"{metric}_mean"))
     for ax, (model, metric) in zip(axes[0], panels):
         rs = [r for r in rows if r["model"] == model]
-        modes = [m for m in ("e2e", "sequential", "erase") if any(r["mode"] == m for r in rs)]
+        modes = [m for m in colors if any(r["mode"] == m for r in rs)]
         means = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_mean") for m in modes]
         stds = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_std", 0.0) for m in modes]
-        ax.bar(modes, means, yerr=stds, capsize=4, color=["#4C72B0", "#55A868", "#DD8452"][:len(modes)])
-        lo = min(means) if means else 0
-        ax.set_ylim(lo * 0.95, max(means) * 1.03 if means else 1)
+        ax.bar(modes, means, yerr=stds, capsize=4, color=[colors[m] for m in modes])
+        ax.set_ylim(min(lims[metric]) * 0.95, max(lims[metric]) * 1.03)
         ax.set_title(f"{model}: {metric} (mean ± std over seeds)", fontsize=9)
     _save(fig, path)
 

@@ -370,3 +370,36 @@ def test_graphed_compile_baseline_needs_cuda():
     model, inputs = build()
     with pytest.raises(RuntimeError, match="needs CUDA"):
         study.time_compiled_e2e(model, inputs, graphed=True)
+
+
+def test_bench_cases_head_every():
+    # head_every reaches both models' builds and their size dicts (bench_compile --head-every)
+    from erase_triton import study
+
+    cases = study.bench_cases(head_every=3)
+    assert {name for name, *_ in cases} == {"ctr", "transformer"}
+    for name, desc, build in cases:
+        model, _ = build()
+        assert desc["head_every"] == 3 and len(model.heads) == 2, name
+    assert all("head_every" not in desc for _, desc, _ in study.bench_cases())
+
+
+def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
+    # --from-csv: the summary of a per-run CSV (mean, std, change against e2e) without training
+    import subprocess
+    import sys
+
+    from erase_triton.study import read_csv, write_csv
+    runs = tmp_path / "q.csv"
+    write_csv(str(runs), [dict(model="transformer_k2", mode=m, seed=s, perplexity=p)
+                          for m, s, p in [("e2e", 0, 3.0), ("e2e", 1, 3.2), ("erase", 0, 3.3), ("erase", 1, 3.3)]],
+              dict(gpu="test", torch="t", triton="t"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_quality.py"), "--from-csv", str(runs)],
+                   check=True, capture_output=True)
+    got = {r["mode"]: r for r in read_csv(str(tmp_path / "q_summary.csv"))}
+    assert got.keys() == {"e2e", "erase"} and got["e2e"]["runs"] == "2" and got["erase"]["gpu"] == "test"
+    assert float(got["e2e"]["perplexity_mean"]) == pytest.approx(3.1)
+    assert float(got["e2e"]["perplexity_std"]) == pytest.approx(0.1414, abs=1e-4)
+    assert float(got["erase"]["rel_to_e2e_pct"]) == pytest.approx(100 * (3.3 / 3.1 - 1))
+    assert (tmp_path / "q_summary.png").exists()
