@@ -1,0 +1,48 @@
+"""Matmul work of one sequential step of the CTR proxy with a local head after every K-th subarchitecture.
+
+A detach point spares its segment's first layer the gradient for its input, so fewer heads add
+input-gradient GEMMs. This counts them with the PyTorch profiler (CPU, PyTorch heads, small sizes:
+the counts and the FLOP fractions do not depend on the device or the width).
+
+    python benchmarks/count_step_flops.py [--head-every 1,2,3] [--width 128] [--batch 512]
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import print_table  # noqa: E402
+
+from erase_triton import Scheduler  # noqa: E402
+from erase_triton.study import ctr_workload  # noqa: E402
+
+
+def step_matmuls(k: int, width: int, batch: int) -> dict:
+    model, inputs = ctr_workload(width, batch, device="cpu", rows=1000, head_every=k, backend="torch")
+    with Scheduler("sequential").step():  # warm-up
+        model(*inputs)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        with Scheduler("sequential").step():
+            model(*inputs)
+    mms = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm")]
+    square = [e for e in mms if e.flops >= 2 * batch * width * width]  # the width x width GEMMs (not the heads')
+    return dict(head_every=k, matmuls=len(mms), width_x_width=len(square), gflop=sum(e.flops for e in mms) / 1e9)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head-every", default="1,2,3")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=512)
+    args = ap.parse_args()
+    rows = [step_matmuls(int(k), args.width, args.batch) for k in args.head_every.split(",")]
+    for r in rows:
+        r["gflop_vs_k1"] = r["gflop"] / rows[0]["gflop"]
+    print_table(rows, ["head_every", "matmuls", "width_x_width", "gflop", "gflop_vs_k1"])
+
+
+if __name__ == "__main__":
+    main()
