@@ -45,6 +45,8 @@ def main():
                     help="train nothing: rebuild RUNS_summary.csv and its plot from a per-run CSV this script wrote")
     args = ap.parse_args()
     if args.from_csv:
+        if not os.path.isfile(args.from_csv):
+            raise SystemExit(f"--from-csv: no file {args.from_csv!r}")
         rows = read_csv(args.from_csv)
         meta_path = os.path.splitext(args.from_csv)[0] + ".meta.json"
         if os.path.exists(meta_path):

@@ -2,7 +2,8 @@
 
 A detach point spares its segment's first layer the gradient for its input, so fewer heads add
 input-gradient GEMMs. This counts them with the PyTorch profiler (CPU, PyTorch heads, small sizes:
-the counts and the FLOP fractions do not depend on the device or the width).
+which GEMMs run does not depend on the device or the sizes; their FLOP shares depend a little on
+the sizes, through the embedding projection and the heads).
 
     python benchmarks/count_step_flops.py [--head-every 1,2,3] [--width 128] [--batch 512]
 """
@@ -20,6 +21,12 @@ from erase_triton import Scheduler  # noqa: E402
 from erase_triton.study import ctr_workload  # noqa: E402
 
 
+def _mnk(e) -> list[int]:
+    """Sorted (M, N, K) of a profiled mm / addmm (its last two 2-D inputs; addmm's bias may be 2-D too)."""
+    a, b = [s for s in e.input_shapes if len(s) == 2][-2:]
+    return sorted((a[0], b[1], a[1]))
+
+
 def step_matmuls(k: int, width: int, batch: int) -> dict:
     model, inputs = ctr_workload(width, batch, device="cpu", rows=1000, head_every=k, backend="torch")
     with Scheduler("sequential").step():  # warm-up
@@ -28,7 +35,7 @@ def step_matmuls(k: int, width: int, batch: int) -> dict:
         with Scheduler("sequential").step():
             model(*inputs)
     mms = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm")]
-    square = [e for e in mms if e.flops >= 2 * batch * width * width]  # the width x width GEMMs (not the heads')
+    square = [e for e in mms if _mnk(e) == sorted((batch, width, width))]  # the subarchitectures' GEMMs
     return dict(head_every=k, matmuls=len(mms), width_x_width=len(square), gflop=sum(e.flops for e in mms) / 1e9)
 
 

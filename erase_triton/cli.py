@@ -27,7 +27,8 @@ def cmd_train(a):
               backend=a.backend, head_every=a.head_every)
     if a.model == "ctr":
         r = train_ctr(data=a.data, embedding=a.embedding, **kw)
-        print(f"ctr/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} batch={r['batch_size']} device={r['device']}"
+        print(f"ctr/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} "
+              f"batch={r['batch_size']} device={r['device']}"
               f"{' graph' if r['graph'] else ''}\n  test NE {r['ne']:.4f}   AUC {r['auc']:.4f}   log loss "
               f"{r['logloss']:.4f}\n  {r['examples_per_s']:,.0f} examples/s   peak memory {r['peak_memory_mb']:.0f} MB")
     else:
