@@ -101,26 +101,41 @@ def test_ctr_erase_equals_sequential(backend):
     assert model.predict(*batch[:2]).shape == (48,)
 
 
+def assert_modes_match(model, inputs, ref, want):
+    """erase == sequential == `want` (the grads of a detached reference written by hand on `ref`, a
+    copy of `model`), and e2e == plain autograd through every block (e2e_loss_fn on `ref`)."""
+    from erase_triton.study import e2e_loss_fn
+
+    def grads(mode):
+        model.zero_grad(set_to_none=True)
+        with Scheduler(mode).step():
+            model(*inputs)
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    for mode in ("sequential", "erase"):
+        got = grads(mode)
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
+    got = grads("e2e")
+    ref.zero_grad(set_to_none=True)
+    e2e_loss_fn(ref)(*inputs).backward()
+    for k, p in ref.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[k], p.grad, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_ctr_head_every():
     # head_every=3: two segments of three subarchitectures, then the over-arch and the final head;
     # erase == sequential == a detached reference written by hand, e2e == plain autograd
     import copy
 
     import torch.nn.functional as F
-
-    from erase_triton.study import e2e_loss_fn
     torch.manual_seed(0)
     model = CTRModel(CTRConfig(n_dense=5, cardinalities=[11, 7, 13], emb_dim=8, width=32, depth=1, backend="torch",
                                head_every=3))
     assert len(model.heads) == 2 and len(model.subarchs) == 6
     batch = ctr_batch()
     dense, sparse, label = batch
-
-    def grads(mode):
-        model.zero_grad(set_to_none=True)
-        with Scheduler(mode).step():
-            model(*batch)
-        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     ref = copy.deepcopy(model)
     h = ref.features(dense, sparse)
     for i, head in enumerate(ref.heads):
@@ -129,18 +144,7 @@ def test_ctr_head_every():
         F.binary_cross_entropy_with_logits(head.logits(h).squeeze(-1), label).backward()
         h = h.detach()
     F.binary_cross_entropy_with_logits(ref.final_head.logits(ref.over(h)).squeeze(-1), label).backward()
-    want = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
-    for mode in ("sequential", "erase"):
-        got = grads(mode)
-        assert got.keys() == want.keys()
-        for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
-    got = grads("e2e")
-    ref.zero_grad(set_to_none=True)
-    e2e_loss_fn(ref)(*batch).backward()
-    for k, p in ref.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(got[k], p.grad, rtol=1e-5, atol=1e-6, msg=k)
+    assert_modes_match(model, batch, ref, {k: p.grad.clone() for k, p in ref.named_parameters() if p.grad is not None})
     for bad in (4, 0, True, 1.0):
         with pytest.raises(ValueError, match="head_every must be a positive int dividing n_subarch=6"):
             CTRModel(CTRConfig(n_dense=5, cardinalities=[3], head_every=bad))
@@ -244,18 +248,10 @@ def test_transformer_head_every():
     import copy
 
     import torch.nn.functional as F
-
-    from erase_triton.study import e2e_loss_fn
     torch.manual_seed(0)
     m = TinyTransformer(vocab=64, width=32, layers=6, n_heads=2, max_seq=8, head_every=2, backend="torch")
     assert len(m.heads) == 3 and [h.final for h in m.heads] == [False, False, True]
     x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
-
-    def grads(mode):
-        m.zero_grad(set_to_none=True)
-        with Scheduler(mode).step():
-            m(x, y)
-        return {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
     ref = copy.deepcopy(m)
     h = ref.embed(x)
     for i, head in enumerate(ref.heads):
@@ -263,18 +259,7 @@ def test_transformer_head_every():
         out = ref.ln_f(h) if i == 2 else h
         F.cross_entropy(head.logits(out).reshape(-1, 64), y.reshape(-1)).backward()
         h = h.detach()
-    want = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
-    for mode in ("sequential", "erase"):
-        got = grads(mode)
-        assert got.keys() == want.keys()
-        for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
-    got = grads("e2e")
-    ref.zero_grad(set_to_none=True)
-    e2e_loss_fn(ref)(x, y).backward()
-    for k, p in ref.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(got[k], p.grad, rtol=1e-5, atol=1e-6, msg=k)
+    assert_modes_match(m, (x, y), ref, {k: p.grad.clone() for k, p in ref.named_parameters() if p.grad is not None})
     with pytest.raises(ValueError, match="head_every must be a positive int dividing layers=6"):
         TinyTransformer(layers=6, head_every=4)
 
