@@ -303,13 +303,15 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
         assert torch.equal(got[k], ref[k]), k
 
 
-def test_fused_sgd_ctr_capture_equals_eager():
+@pytest.mark.parametrize("head_every", [1, 3])
+def test_fused_sgd_ctr_capture_equals_eager(head_every):
+    # head_every=3: two segments of three subarchitectures, each with its input gradients inside
     from erase_triton.models import CTRConfig, CTRModel
 
     def build():
         torch.manual_seed(0)
         return CTRModel(CTRConfig(n_dense=13, cardinalities=[1000] * 4, emb_dim=16, width=128, depth=1,
-                                  embedding="fused_sgd", embedding_lr=0.5)).to(dev)
+                                  embedding="fused_sgd", embedding_lr=0.5, head_every=head_every)).to(dev)
     m_e, m_g = build(), build()
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = [(torch.randn(512, 13, generator=g).to(dev), torch.randint(0, 1000, (512, 4), generator=g).to(dev),
