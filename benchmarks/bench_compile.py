@@ -8,8 +8,8 @@
 - with --paired, the graphed e2e / sequential / erase rows with uncompiled blocks ("graph"), in
   the same run (ratios across runs carry the runs' drift);
 - with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies;
-- with --head-every K, both models with a local head after every K-th of their six blocks (6/K
-  segments; column head_every);
+- with --head-every K[,K...], both models with a local head after every K-th of their six blocks
+  (6/K segments), each K in turn (column head_every);
 - with --early-update, erase (compiled blocks, and with --paired uncompiled too) with early updates:
   the scheduler steps each segment's SGD right after its backward (Scheduler(optimizer=); column
   early_update=1).
@@ -42,9 +42,9 @@ def main():
     ap.add_argument("--captures", type=int, default=1, help="each row the median of K captures (a fresh model each)")
     ap.add_argument("--beside", default="", help="OCC,...: also erase with compiled blocks and the heads beside the next "
                     "segment at these occupancies (1: the whole device); column beside")
-    ap.add_argument("--head-every", type=int, default=1,
-                    help="a LocalHead after every K-th of the six blocks (TinyTransformer / CTRConfig(head_every=K)); "
-                    "column head_every")
+    ap.add_argument("--head-every", default="1",
+                    help="K,...: a LocalHead after every K-th of the six blocks (TinyTransformer / CTRConfig(head_every=K)); "
+                    "each K in turn; column head_every")
     ap.add_argument("--early-update", action="store_true",
                     help="also erase with early updates (Scheduler(optimizer=)); column early_update")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
@@ -52,16 +52,24 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_compile.py needs CUDA (the steps are timed with CUDA events)")
-    if args.head_every < 1 or 6 % args.head_every:
-        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (it divides the models' 6 blocks), got {args.head_every}")
-    cases = [(f"{name}:{desc['width']}", name, desc, build) for name, desc, build in bench_cases(head_every=args.head_every)
-             if (name, desc["width"], desc["batch"]) in COMPILE_AT]
-    known = {key for key, *_ in cases}
-    unknown = sorted(set(args.only or ()) - known)
-    if unknown:
-        raise SystemExit(f"--only: no compiled size {unknown}; expected some of {sorted(known)}")
-    if args.only is not None:  # in the order given
-        cases = [c for key in dict.fromkeys(args.only) for c in cases if c[0] == key]
+    try:
+        ks = [int(k) for k in args.head_every.split(",")]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 1 or 6 % k for k in ks):
+        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (divisors of the models' 6 blocks) separated by commas, "
+                         f"got {args.head_every!r}")
+    cases = []
+    for k in ks:  # with several K every row names its K (column head_every)
+        some = [(f"{name}:{desc['width']}", name, dict(desc, head_every=k) if len(ks) > 1 else desc, build)
+                for name, desc, build in bench_cases(head_every=k) if (name, desc["width"], desc["batch"]) in COMPILE_AT]
+        known = {key for key, *_ in some}
+        unknown = sorted(set(args.only or ()) - known)
+        if unknown:
+            raise SystemExit(f"--only: no compiled size {unknown}; expected some of {sorted(known)}")
+        if args.only is not None:  # in the order given
+            some = [c for key in dict.fromkeys(args.only) for c in some if c[0] == key]
+        cases += some
     try:
         besides = [float(o) for o in args.beside.split(",")] if args.beside else []
         for o in besides:
@@ -104,13 +112,14 @@ def main():
                 r.update(ms=statistics.median(ms), captures=len(ms), ms_each=";".join(f"{m:.4f}" for m in ms))
             rows.append(r)
             print(r, flush=True)
-        print(f"{key} s{desc.get('seq', '')}: {time.time() - t:.0f} s", flush=True)
+        print(f"{key} s{desc.get('seq', '')} K={desc.get('head_every', 1)}: {time.time() - t:.0f} s", flush=True)
         write_csv(args.out, rows, meta)
         torch.cuda.empty_cache()
-    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'exec':14} {'mode':11} {'beside':>6} {'early':>5} ms")
+    print(f"{'model':12} {'width':>5} {'batch':>6} {'seq':>4} {'K':>2} {'exec':14} {'mode':11} {'beside':>6} {'early':>5} ms")
     for r in rows:
-        print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r.get('seq', ''):>4} {r['exec']:14} {r['mode']:11} "
-              f"{r.get('beside', ''):>6} {r.get('early_update', ''):>5} {r.get('ms', r.get('error'))}")
+        print(f"{r['model']:12} {r['width']:>5} {r['batch']:>6} {r.get('seq', ''):>4} {r.get('head_every', 1):>2} "
+              f"{r['exec']:14} {r['mode']:11} {r.get('beside', ''):>6} {r.get('early_update', ''):>5} "
+              f"{r.get('ms', r.get('error'))}")
 
 
 if __name__ == "__main__":

@@ -82,25 +82,32 @@ def plot_sweep(rows: list[dict], path: str):
 def plot_bench(rows: list[dict], path: str):
     """Throughput relative to graphed e2e, per model size: erase, sequential, compile (e2e compiled
     whole; erase / sequential with compiled blocks; erase with early updates, bench_compile
-    --early-update). Rows at another head occupancy (a `beside` value, bench_compile --beside) are left out."""
+    --early-update). Without graphed e2e rows (bench_compile without --paired) the baseline is the
+    graphed compiled e2e step. Sizes with a head every K blocks (column head_every) are their own
+    groups, labelled K=k. Rows at another head occupancy (a `beside` value, bench_compile --beside)
+    are left out."""
     by = defaultdict(dict)
     for r in rows:
         if "ms" in r and r["ms"] not in ("", None) and r.get("beside") in (None, ""):
             mode = r["mode"] + (", early updates" if str(r.get("early_update", "")) in ("1", "True") else "")
-            by[(r["model"], r.get("width"), r.get("batch"), r.get("seq", ""))][(r["exec"], mode)] = _f(r, "ms")
+            key = (r["model"], r.get("width"), r.get("batch"), r.get("seq", ""), r.get("head_every") or "1")
+            by[key][(r["exec"], mode)] = _f(r, "ms")
     models = sorted({k[0] for k in by})
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
     num = lambda v: int(v) if str(v).isdigit() else 0  # noqa: E731
     for ax, m in zip(axes[0], models):
-        keys = sorted((k for k in by if k[0] == m), key=lambda k: (num(k[1]), num(k[2]), num(k[3])))
-        labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") for k in keys]
+        keys = sorted((k for k in by if k[0] == m), key=lambda k: (num(k[1]), num(k[2]), num(k[3]), num(k[4])))
+        several_k = len({k[4] for k in keys}) > 1 or any(k[4] != "1" for k in keys)
+        labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") + (f"\nK={k[4]}" if several_k else "")
+                  for k in keys]
+        ref = ("graph", "e2e") if all(("graph", "e2e") in by[k] for k in keys) else ("compile+graph", "e2e")
         variants = [v for v in [("graph", "erase"), ("graph", "erase, early updates"), ("graph", "sequential"),
                                 ("compile", "e2e"), ("compile+graph", "e2e"), ("compile+graph", "sequential"),
                                 ("compile+graph", "erase"), ("compile+graph", "erase, early updates"), ("eager", "erase")]
                     if any(v in by[k] for k in keys)]
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):
-            base = [by[k].get(("graph", "e2e"), float("nan")) for k in keys]
+            base = [by[k].get(ref, float("nan")) for k in keys]
             vals = [b / by[k].get(v, float("nan")) for b, k in zip(base, keys)]
             label = (f"{v[1]}, compiled blocks (graph)" if v[0] == "compile+graph" and v[1] != "e2e"
                      else f"{v[1]} compiled whole ({v[0]})" if v[0].startswith("compile") else f"{v[1]} ({v[0]})")
@@ -108,7 +115,7 @@ def plot_bench(rows: list[dict], path: str):
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
         ax.set_xticklabels(labels, fontsize=8)
-        ax.set_ylabel("speedup over graphed e2e")
+        ax.set_ylabel("speedup over graphed e2e" if ref[0] == "graph" else "speedup over graphed compiled e2e")
         ax.set_title(m)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: never over a bar
     fig.suptitle(f"Speedup curves ({_gpu(rows)})", fontsize=9)
@@ -118,7 +125,8 @@ def plot_bench(rows: list[dict], path: str):
 def plot_early_update(rows: list[dict], path: str):
     """bench_early_update.py: graphed erase with early updates against the update at the end, per
     size and optimizer (left), and the Adam steps against the strongest Adam baseline, graphed e2e
-    with fused Adam (right; without an adam-fused row, each optimizer's own e2e)."""
+    with fused Adam (right; without an adam-fused row, each optimizer's own e2e; with --compiled,
+    the e2e step has compiled blocks too)."""
     rs = [r for r in rows if r.get("early_vs_end") not in (None, "")]
     sizes = list(dict.fromkeys(r["size"] for r in rs))
     opts = list(dict.fromkeys(r["optimizer"] for r in rs))
@@ -145,7 +153,8 @@ def plot_early_update(rows: list[dict], path: str):
     base = (lambda sz, o: get(sz, "adam-fused", "e2e_ms")) if fused else (lambda sz, o: get(sz, o, "e2e_ms"))
     bars(axes[1], [(f"{o}: erase, {what}", lambda sz, o=o, col=col: base(sz, o) / get(sz, o, col))
                    for o in adams for what, col in (("update at the end", "erase_ms"), ("early updates", "erase_early_ms"))],
-         "speedup over graphed e2e with " + ("fused Adam" if fused else "the same optimizer"))
+         "speedup over graphed e2e" + (" (compiled blocks)" if any(str(r.get("compiled")) == "1" for r in rs) else "")
+         + " with " + ("fused Adam" if fused else "the same optimizer"))
     fig.suptitle(f"Early updates, graphed steps ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 

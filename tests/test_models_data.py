@@ -304,7 +304,8 @@ def test_plot_committed_results(tmp_path):
     csvs = [os.path.join(RESULTS, f) for f in sorted(os.listdir(RESULTS))
             if f.endswith(".csv") and f.split(".")[0] in ("local_head_quick", "sweep", "schedule_summary", "bench",
                                                           "quality_summary", "tune_dense_head", "partition",
-                                                          "side_head_stream_s14d", "sched_s14g_summary", "early_update_s18")]
+                                                          "side_head_stream_s14d", "sched_s14g_summary", "early_update_s18",
+                                                          "bench_compile_s19d", "early_update_s19b")]
     assert csvs
     main(["plot", *csvs, "--out", str(tmp_path)])
     for c in csvs:
