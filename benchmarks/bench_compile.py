@@ -50,8 +50,6 @@ def main():
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_compile.py needs CUDA (the steps are timed with CUDA events)")
     try:
         ks = [int(k) for k in args.head_every.split(",")]
     except ValueError:
@@ -59,6 +57,14 @@ def main():
     if not ks or any(k < 1 or 6 % k for k in ks):
         raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (divisors of the models' 6 blocks) separated by commas, "
                          f"got {args.head_every!r}")
+    try:
+        besides = [float(o) for o in args.beside.split(",")] if args.beside else []
+        for o in besides:
+            LaunchConfig(None if o == 1 else o)  # its own check of the fraction
+    except ValueError as e:
+        raise SystemExit(f"--beside: expected fractions in (0, 1] separated by commas, got {args.beside!r} ({e})")
+    if not torch.cuda.is_available():  # the sizes below are the GPU's (bench_cases)
+        raise SystemExit("bench_compile.py needs CUDA (the steps are timed with CUDA events)")
     cases = []
     for k in ks:  # with several K every row names its K (column head_every)
         some = [(f"{name}:{desc['width']}", name, dict(desc, head_every=k) if len(ks) > 1 else desc, build)
@@ -70,12 +76,6 @@ def main():
         if args.only is not None:  # in the order given
             some = [c for key in dict.fromkeys(args.only) for c in some if c[0] == key]
         cases += some
-    try:
-        besides = [float(o) for o in args.beside.split(",")] if args.beside else []
-        for o in besides:
-            LaunchConfig(None if o == 1 else o)  # its own check of the fraction
-    except ValueError as e:
-        raise SystemExit(f"--beside: expected fractions in (0, 1] separated by commas, got {args.beside!r} ({e})")
     meta = _tf32_metadata()
     rows = []
     for key, name, desc, build in cases:

@@ -389,3 +389,17 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     assert float(got["e2e"]["perplexity_std"]) == pytest.approx(0.1414, abs=1e-4)
     assert float(got["erase"]["rel_to_e2e_pct"]) == pytest.approx(100 * (3.3 / 3.1 - 1))
     assert (tmp_path / "q_summary.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [(["--head-every", "2,4"], "--head-every: expected 1, 2, 3 or 6"),
+                                           (["--head-every", "x"], "--head-every: expected 1, 2, 3 or 6"),
+                                           (["--beside", "1.5"], "--beside: expected fractions in (0, 1]")])
+def test_bench_compile_rejects_bad_arguments(args, message):
+    # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_compile.py"), *args],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
