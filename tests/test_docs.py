@@ -29,3 +29,17 @@ def test_links_resolve(doc):
         assert os.path.exists(full), f"{doc}: {link} (no file {os.path.relpath(full, ROOT)})"
         if anchor and full.endswith(".md"):
             assert anchor in _anchors(full), f"{doc}: {link} (no heading with anchor #{anchor})"
+
+
+def test_quickstart_example_runs():
+    # examples/quickstart.py (the README's API in one file): three modes train; erase == sequential on a CPU
+    import importlib.util
+    import math
+
+    spec = importlib.util.spec_from_file_location("quickstart", os.path.join(ROOT, "examples", "quickstart.py"))
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    runs = quickstart.main(["--steps", "3", "--width", "32", "--batch", "64"])
+    assert set(runs) == {"e2e", "sequential", "erase"}
+    assert all(math.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1 for r in runs.values())
+    assert runs["erase"]["loss"] == runs["sequential"]["loss"]
