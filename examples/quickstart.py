@@ -52,7 +52,8 @@ def train(mode: str, args, device, teacher) -> dict:
     model = Net(args.width).to(device)
     if args.compile:
         et.compile_blocks(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # capturable: Adam keeps its step count on the device, so the CUDA graph below can replay its step
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=device.type == "cuda")
     sched = et.Scheduler(mode)
     g = torch.Generator().manual_seed(0)
     t = time.perf_counter()
