@@ -551,7 +551,9 @@ class Scheduler:
         priorities="tail", whose second step gives the ring streams their final
         priorities; they fork at every detach point, like the captured step), then
         captures one step, including
-        every early backward on its stream and whatever optimizer step step_fn does.
+        every early backward on its stream and whatever optimizer step step_fn does (or the
+        scheduler's early updates); that optimizer must be capturable (SGD is; Adam and AdamW
+        need capturable=True, and PyTorch raises at capture otherwise).
         Returns a callable that replays the graph and returns step_fn's output
         (static tensors, overwritten by each replay). Copy new data into
         static_inputs before each replay.
