@@ -24,13 +24,18 @@ replays vary by about ±1-3%).
 CUDA only.
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from erase_triton import LaunchConfig
-from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parse_head_every  # noqa: E402
+
+from erase_triton import LaunchConfig  # noqa: E402
+from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv  # noqa: E402
 
 
 def main():
@@ -50,13 +55,7 @@ def main():
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
-    try:
-        ks = [int(k) for k in args.head_every.split(",")]
-    except ValueError:
-        ks = []
-    if not ks or any(k < 1 or 6 % k for k in ks):
-        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (divisors of the models' 6 blocks) separated by commas, "
-                         f"got {args.head_every!r}")
+    ks = parse_head_every(args.head_every)
     try:
         besides = [float(o) for o in args.beside.split(",")] if args.beside else []
         for o in besides:

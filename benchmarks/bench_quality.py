@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import metadata, print_table, write_csv  # noqa: E402
+from common import metadata, parse_head_every, print_table, write_csv  # noqa: E402
 
 from erase_triton.plots import plot_quality  # noqa: E402
 from erase_triton.study import read_csv  # noqa: E402
@@ -56,13 +56,7 @@ def main():
             meta = {k: rows[0][k] for k in ("gpu", "torch", "triton") if rows and k in rows[0]}
         write_summary(rows, MODES, args.from_csv, meta)
         return
-    try:
-        ks = [int(k) for k in args.head_every.split(",")]
-    except ValueError:
-        ks = []
-    if not ks or any(k < 1 or 6 % k for k in ks):
-        raise SystemExit(f"--head-every: expected divisors of the models' 6 blocks (1, 2, 3, 6) separated by commas, "
-                         f"got {args.head_every!r}")
+    ks = parse_head_every(args.head_every)
     modes = list(args.modes)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = metadata()

@@ -46,3 +46,15 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "" if v is None else str(v)
+
+
+def parse_head_every(text: str) -> list[int]:
+    """--head-every K[,K...]: divisors of the models' six blocks, or SystemExit naming the option."""
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 1 or 6 % k for k in ks):
+        raise SystemExit(f"--head-every: expected 1, 2, 3 or 6 (divisors of the models' 6 blocks) separated by commas, "
+                         f"got {text!r}")
+    return ks
