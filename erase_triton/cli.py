@@ -33,7 +33,8 @@ def cmd_train(a):
               f"{r['logloss']:.4f}\n  {r['examples_per_s']:,.0f} examples/s   peak memory {r['peak_memory_mb']:.0f} MB")
     else:
         r = train_transformer(**kw)
-        print(f"transformer/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} batch={r['batch_size']} device={r['device']}"
+        print(f"transformer/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} "
+              f"batch={r['batch_size']} device={r['device']}"
               f"\n  validation perplexity {r['perplexity']:.3f}\n  {r['examples_per_s']:,.0f} sequences/s "
               f"({r['tokens_per_s']:,.0f} tokens/s)   peak memory {r['peak_memory_mb']:.0f} MB")
     write_json(r, a.json)

@@ -97,8 +97,8 @@ def plot_bench(rows: list[dict], path: str):
     num = lambda v: int(v) if str(v).isdigit() else 0  # noqa: E731
     for ax, m in zip(axes[0], models):
         keys = sorted((k for k in by if k[0] == m), key=lambda k: (num(k[1]), num(k[2]), num(k[3]), num(k[4])))
-        several_k = len({k[4] for k in keys}) > 1 or any(k[4] != "1" for k in keys)
-        labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") + (f"\nK={k[4]}" if several_k else "")
+        show_k = any(k[4] != "1" for k in keys)
+        labels = [f"w{k[1]}\nb{k[2]}" + (f"\ns{k[3]}" if k[3] else "") + (f"\nK={k[4]}" if show_k else "")
                   for k in keys]
         ref = ("graph", "e2e") if all(("graph", "e2e") in by[k] for k in keys) else ("compile+graph", "e2e")
         variants = [v for v in [("graph", "erase"), ("graph", "erase, early updates"), ("graph", "sequential"),
@@ -218,14 +218,13 @@ def plot_local_head(rows: list[dict], path: str):
 
 def plot_quality(rows: list[dict], path: str):
     """NE (ctr) or perplexity (transformer) per mode, mean ± std over seeds."""
-    panels = [(m, "ne" if m.startswith("ctr") else "perplexity") for m in dict.fromkeys(r["model"] for r in rows)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    metric_of = {m: "ne" if m.startswith("ctr") else "perplexity" for m in dict.fromkeys(r["model"] for r in rows)}
+    fig, axes = plt.subplots(1, len(metric_of), figsize=(4.5 * len(metric_of), 3.6), squeeze=False)
     colors = {"e2e": "#4C72B0", "sequential": "#55A868", "erase": "#DD8452"}
     lims = defaultdict(list)  # one y-range for every panel of a metric, so bars compare across panels
     for r in rows:
-        metric = "ne" if r["model"].startswith("ctr") else "perplexity"
-        lims[metric].append(_f(r, f"{metric}_mean"))
-    for ax, (model, metric) in zip(axes[0], panels):
+        lims[metric_of[r["model"]]].append(_f(r, f"{metric_of[r['model']]}_mean"))
+    for ax, (model, metric) in zip(axes[0], metric_of.items()):
         rs = [r for r in rows if r["model"] == model]
         modes = [m for m in colors if any(r["mode"] == m for r in rs)]
         means = [_f(next(r for r in rs if r["mode"] == m), f"{metric}_mean") for m in modes]

@@ -427,7 +427,7 @@ class Scheduler:
         early = forking and self._optimizer is not None
         leaves = self._leaves(head, h, seg) if forking else None
         update = self._segment_update(head, seg, leaves) if early else None
-        if self.mode != "erase" or self._seq_step:
+        if not forking:
             self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
             self._seg += 1
             out = _labelled(head, h, target, seg)

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from ..head import LocalHead
 from .embedding import FusedSGDEmbeddings
+from .head_every import check_head_every
 
 
 @dataclasses.dataclass
@@ -84,9 +85,7 @@ class CTRModel(nn.Module):
             raise ValueError(f"embedding must be 'table' or 'fused_sgd', got {cfg.embedding!r}")
         self.bottom = _mlp(cfg.n_dense, cfg.emb_dim, 1)
         self.proj = nn.Sequential(nn.Linear(cfg.emb_dim * (len(cfg.cardinalities) + 1), w), nn.ReLU())
-        k = cfg.head_every
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or cfg.n_subarch % k:
-            raise ValueError(f"head_every must be a positive int dividing n_subarch={cfg.n_subarch}, got {k!r}")
+        k = check_head_every(cfg.head_every, cfg.n_subarch, "n_subarch")
         self.subarchs = nn.ModuleList(SubArch(w, cfg.depth) for _ in range(cfg.n_subarch))
         kw = dict(occupancy=cfg.occupancy, backend=cfg.backend)
         self.heads = nn.ModuleList(LocalHead(w, 1, "bce", **kw) for _ in range(cfg.n_subarch // k))
@@ -108,10 +107,10 @@ class CTRModel(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         h = self.features(dense, sparse)
         k = self.cfg.head_every
-        for i, head in enumerate(self.heads):
-            for sub in self.subarchs[i * k:(i + 1) * k]:
-                h = sub(h)
-            h = head(h, label)
+        for j, sub in enumerate(self.subarchs):  # indexing, not slicing: a ModuleList slice is a new module
+            h = sub(h)
+            if (j + 1) % k == 0:
+                h = self.heads[j // k](h, label)
         return self.final_head(self.over(h), label)
 
     @torch.no_grad()

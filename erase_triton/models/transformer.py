@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..head import LocalHead
+from .head_every import check_head_every
 
 
 class Layer(nn.Module):
@@ -40,9 +41,8 @@ class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 256, width: int = 256, layers: int = 6, n_heads: int = 4, max_seq: int = 128,
                  backend: str = "auto", occupancy: float | str | None = "auto", head_every: int = 1):
         super().__init__()
-        if isinstance(head_every, bool) or not isinstance(head_every, int) or head_every < 1 or layers % head_every:
-            raise ValueError(f"head_every must be a positive int dividing layers={layers}, got {head_every!r}")
-        self.vocab, self.max_seq, self.head_every = vocab, max_seq, head_every
+        self.vocab, self.max_seq = vocab, max_seq
+        self.head_every = check_head_every(head_every, layers, "layers")
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(max_seq, width)
         self.layers = nn.ModuleList(Layer(width, n_heads) for _ in range(layers))
@@ -58,11 +58,11 @@ class TinyTransformer(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x, y: [B, S] token ids (y = x shifted by one). Heads back-propagate; returns h."""
         h = self.embed(x)
-        k, last = self.head_every, len(self.heads) - 1
-        for i, head in enumerate(self.heads):
-            for layer in self.layers[i * k:(i + 1) * k]:
-                h = layer(h)
-            h = head(self.ln_f(h) if i == last else h, y)
+        k, last = self.head_every, len(self.layers) - 1
+        for j, layer in enumerate(self.layers):  # indexing, not slicing: a ModuleList slice is a new module
+            h = layer(h)
+            if (j + 1) % k == 0:
+                h = self.heads[j // k](self.ln_f(h) if j == last else h, y)
         return h
 
     @torch.no_grad()
