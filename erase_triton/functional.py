@@ -203,9 +203,10 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
 
     h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None.
     target: "bce"/"mse" float [..., C] (or [...] when C == 1); "ce" int [...] class ids,
-    rows equal to ignore_index are skipped (and leave the mean's denominator). Class ids
-    outside [0, C) other than ignore_index give undefined results: checking them on the
-    device would need a host sync.
+    rows equal to ignore_index are skipped (and leave the mean's denominator). A class id
+    outside [0, C) other than ignore_index makes the Triton kernels return a NaN loss, NaN
+    grad_weight/grad_bias and NaN grad_h on that row (checking the ids on the host would
+    need a sync); the PyTorch backend raises, as F.cross_entropy does.
     Returns LocalHeadResult(loss fp32 0-dim, grad_h contiguous like h, grad_weight like
     weight, grad_bias like bias or None). `occupancy` is the fraction of SMs the
     persistent grid may fill (None: all); `config` sets tile sizes as well.

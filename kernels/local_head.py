@@ -122,6 +122,16 @@ def _count_targets(y_ptr, ctr_ptr, N, ignore_index, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _ce_rows(b_t, m_n, ignore_index, C):
+    # The rows of a CE tile that count (loaded, target not ignore_index), and a poison vector:
+    # NaN where such a row's class id lies outside [0, C), else 0. Added to the row's loss and
+    # to its gradient scale, it makes the loss and every gradient it reaches NaN, where
+    # PyTorch would stop with an index error; checking the ids on the host would need a sync.
+    m_row = m_n & (b_t != ignore_index)
+    return m_row, tl.where(m_row & ((b_t < 0) | (b_t >= C)), float("nan"), 0.0)
+
+
+@triton.jit
 def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
     # The interpreter computes bf16/fp16 dots wrongly: upcast there (DOT_FP32).
     if DOT_FP32:
@@ -337,15 +347,15 @@ def _dense_head_kernel(
                 # loss and dz = dLoss/dz, [BLOCK_N, BLOCK_C]
                 if LOSS == 1:  # softmax cross-entropy over C classes
                     b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-                    m_row = m_n & (b_t != ignore_index)
+                    m_row, b_bad = _ce_rows(b_t, m_n, ignore_index, C)
                     b_zm = tl.where(m_c[None, :], b_z, float("-inf"))
                     b_max = tl.max(b_zm, axis=1)
                     b_e = tl.exp(b_zm - b_max[:, None])
                     b_s = tl.sum(b_e, axis=1)
                     b_hot = o_c[None, :] == b_t[:, None]
                     b_zt = tl.sum(tl.where(b_hot, b_z, 0.0), axis=1)
-                    b_loss += tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0)
-                    b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * tl.where(m_row, scale, 0.0)[:, None]
+                    b_loss += tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0) + b_bad
+                    b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * (tl.where(m_row, scale, 0.0) + b_bad)[:, None]
                 else:
                     b_y = tl.load(y_ptr + o_n[:, None] * C + o_c[None, :], mask=m_nc, other=0.0).to(tl.float32)
                     if LOSS == 0:  # sigmoid binary cross-entropy, stable form
@@ -489,7 +499,7 @@ def _vocab_ce_kernel(
         o_dc = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
         m_dc = o_dc < D
         b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-        m_row = m_n & (b_t != ignore_index)
+        m_row, b_bad = _ce_rows(b_t, m_n, ignore_index, C)
         b_m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
         b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
         b_zt = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -509,8 +519,9 @@ def _vocab_ce_kernel(
             b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_wd.dtype), b_wd, DOT_FP32, PRECISION)
             b_m = b_mnew
         b_lse = b_m + tl.log(b_s)
-        b_wt = tl.load(w_ptr + b_t.to(tl.int64)[:, None] * D + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :], other=0.0)
-        b_gh = tl.where(m_row, scale, 0.0)[:, None] * (b_acc / b_s[:, None] - b_wt.to(tl.float32))
+        m_id = m_row & (b_t >= 0) & (b_t < C)  # the gather W[t] reads only in-range rows
+        b_wt = tl.load(w_ptr + b_t.to(tl.int64)[:, None] * D + o_dc[None, :], mask=m_id[:, None] & m_dc[None, :], other=0.0)
+        b_gh = (tl.where(m_row, scale, 0.0) + b_bad)[:, None] * (b_acc / b_s[:, None] - b_wt.to(tl.float32))
         if RELU:
             b_gh = _relu_out(b_gh, tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :],
                                            mask=m_n[:, None] & m_dc[None, :], other=0.0), RELU)
@@ -518,7 +529,7 @@ def _vocab_ce_kernel(
         if dc == 0:
             tl.store(lse_ptr + o_n, b_lse, mask=m_n)
             tl.store(part_l_ptr + t + tl.arange(0, 1),
-                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
+                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
         _item_done(ctr_ptr + 3)
         item = _claim(ctr_ptr + 2)
     _wait_all(ctr_ptr + 3, n_a)
@@ -544,12 +555,12 @@ def _vocab_ce_kernel(
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
             b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-            m_row = m_n & (b_t != ignore_index)
+            m_row, b_bad = _ce_rows(b_t, m_n, ignore_index, C)
             b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
             b_z = _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
                                HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
             b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
-            b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * scale, 0.0)
+            b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * (scale + b_bad)[:, None], 0.0)
             b_hd = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :],
                                     other=0.0), RELU)
             b_acc += _dot(tl.trans(b_dz).to(b_hd.dtype), b_hd, DOT_FP32, PRECISION)
@@ -644,14 +655,14 @@ def _small_ce_kernel(
             b_z += tl.where(m_c, 0.0, float("-inf"))[None, :]
         # one [BLOCK_N, BLOCK_C] fp32 tile live at a time (z, then e, then dz)
         b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-        m_row = m_n & (b_t != ignore_index)
+        m_row, b_bad = _ce_rows(b_t, m_n, ignore_index, C)
         b_zt = tl.sum(tl.where(o_c[None, :] == b_t[:, None], b_z, 0.0), axis=1)
         b_max = tl.max(b_z, axis=1)
         b_z = tl.exp(b_z - b_max[:, None])
         b_s = tl.sum(b_z, axis=1)
         tl.store(part_l_ptr + t + tl.arange(0, 1),
-                 tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0), axis=0) + tl.zeros([1], dtype=tl.float32))
-        b_r = tl.where(m_row, scale, 0.0)
+                 tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+        b_r = tl.where(m_row, scale, 0.0) + b_bad
         b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(o_c[None, :] == b_t[:, None], b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
         # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
         tl.store(dz_ptr + o_n[:, None] * BLOCK_C + o_c[None, :], b_dz, mask=m_n[:, None])

@@ -413,6 +413,30 @@ def test_all_rows_ignored_gives_nan_loss_and_zero_grads(device):
     assert (out.grad_h == 0).all() and (out.grad_weight == 0).all()
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees the NaN made
+@pytest.mark.parametrize("C,kind", [(5, "dense"), (100, "small"), (1000, "vocab")])
+def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
+    # ids >= C and negative ids other than ignore_index: no out-of-bounds read (the vocabulary kernel
+    # gathers W[t]), a NaN loss and NaN gradients where the row reaches, every other row as before
+    h, w, b, y = make("ce", 40, 32, C, torch.float32, True, device)
+    bad = torch.tensor([3, 7])
+    y_bad = y.clone()
+    y_bad[3], y_bad[7] = C, -1
+    klh._PLANS.clear()
+    out = fused_local_head(h, w, b, y_bad, loss="ce", backend="triton")
+    assert {p.kind for p in klh._PLANS.values()} == {kind}
+    assert torch.isnan(out.loss)
+    assert torch.isnan(out.grad_h[bad]).all() and torch.isnan(out.grad_weight).any() and torch.isnan(out.grad_bias).any()
+    good = torch.ones(40, dtype=torch.bool)
+    good[bad] = False
+    y_ok = y_bad.clone()
+    y_ok[bad] = 0  # in range: the same rows count toward the mean
+    ok = fused_local_head(h, w, b, y_ok, loss="ce", backend="triton")
+    torch.testing.assert_close(out.grad_h[good.to(h.device)], ok.grad_h[good.to(h.device)])
+    with pytest.raises(IndexError):  # the PyTorch backend stops, as F.cross_entropy does
+        fused_local_head(h.cpu(), w.cpu(), b.cpu(), y_bad.cpu(), loss="ce", backend="torch")
+
+
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
     cfg = LaunchConfig(deterministic=True)

@@ -403,3 +403,24 @@ def test_bench_compile_rejects_bad_arguments(args, message):
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_compile.py"), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
+
+
+def test_ab_summary_pairs_rows_over_rounds(tmp_path):
+    # benchmarks/ab_summary.py: medians over rounds per side, matched on the key columns
+    import subprocess
+    import sys
+
+    from erase_triton.study import read_csv, write_csv
+    meta = dict(gpu="test", torch="t", triton="t")
+    for side, r, us in [("old", 1, 10.0), ("old", 2, 12.0), ("old", 3, 11.0), ("new", 1, 9.0), ("new", 2, 9.9),
+                        ("new", 3, 9.0)]:
+        write_csv(str(tmp_path / f"{side}_{r}.csv"), [dict(N=1, path="a", us=us), dict(N=2, path="a", us=2 * us)], meta)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "ab.csv"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ab_summary.py"), str(tmp_path), "--keys", "N,path",
+                    "--out", str(out)], check=True, capture_output=True)
+    got = {r["N"]: r for r in read_csv(str(out))}
+    assert got.keys() == {"1", "2"} and got["1"]["gpu"] == "test" and got["1"]["rounds"] == "3"
+    assert float(got["1"]["old_us"]) == 11.0 and float(got["1"]["new_us"]) == 9.0
+    assert float(got["2"]["new_over_old"]) == pytest.approx(9.0 / 11.0)
+    assert float(got["1"]["old_spread"]) == pytest.approx(1.2) and float(got["1"]["new_spread"]) == pytest.approx(1.1)
