@@ -3,6 +3,7 @@
 Public API (see README.md):
     fused_local_head, LocalHeadResult, LaunchConfig  -- one-launch head loss + grads
     LocalHead                                         -- nn.Module detach point
+    LocalChain                                        -- your blocks with a LocalHead after every k-th
     Scheduler                                         -- e2e / sequential / erase on CUDA streams
     compile_blocks                                    -- torch.compile the blocks between heads
 """
@@ -10,9 +11,10 @@ from erase_triton.kernels.launch import LaunchConfig
 
 from . import reference
 from .blocks import compile_blocks
+from .chain import LocalChain
 from .functional import LocalHeadResult, fused_local_head
 from .head import LocalHead
 from .scheduler import Scheduler
 
-__all__ = ["LaunchConfig", "LocalHead", "LocalHeadResult", "Scheduler", "compile_blocks", "fused_local_head", "reference"]
+__all__ = ["LaunchConfig", "LocalChain", "LocalHead", "LocalHeadResult", "Scheduler", "compile_blocks", "fused_local_head", "reference"]
 __version__ = "0.1.0"

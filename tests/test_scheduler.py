@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from erase_triton import LocalHead, Scheduler, scheduler
+from erase_triton import LocalChain, LocalHead, Scheduler, scheduler
 from erase_triton.reference import head_loss
 from erase_triton.scheduler import RingPlan
 
@@ -102,6 +102,56 @@ def test_e2e_equals_ordinary_autograd(loss, activation):
     # non-final heads are identities in e2e: they get no gradient at all
     assert_same_grads(got, ref)
     assert all(h.weight.grad is None for h in model.heads[:-1])
+
+
+def _narrowing_blocks(dims):
+    return [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(dims, dims[1:])]
+
+
+@pytest.mark.parametrize("head_every", [1, 2])
+def test_local_chain_equals_hand_written_chain(head_every):
+    # erase == sequential == each segment trained by hand on a detached input; e2e == plain autograd
+    torch.manual_seed(3)
+    dims = [24, 20, 16, 12, 10]
+    widths = dims[1:][head_every - 1::head_every]
+    model = LocalChain(_narrowing_blocks(dims), widths, 3, "ce", head_every=head_every)
+    assert [h.in_features for h in model.heads] == widths and [h.final for h in model.heads][-1]
+    x, y = data("ce")
+
+    def by_hand(m, detach):
+        h = x
+        for j, blk in enumerate(m.blocks):
+            h = blk(h)
+            if (j + 1) % head_every == 0 and (detach or j == len(m.blocks) - 1):
+                head = m.heads[j // head_every]
+                head_loss(F.linear(h, head.weight, head.bias), y, "ce", "mean", -100).backward()
+                h = h.detach()
+        return grads(m)
+    ref = by_hand(copy.deepcopy(model), detach=True)
+    seq, _ = run(model, "sequential", x, y)
+    era, _ = run(model, "erase", x, y)
+    assert_same_grads(seq, ref)
+    assert_same_grads(era, seq)
+    e2e, _ = run(model, "e2e", x, y)
+    assert_same_grads(e2e, by_hand(copy.deepcopy(model), detach=False))
+    h = x
+    for blk in model.blocks:
+        h = blk(h)
+    torch.testing.assert_close(model.logits(x), F.linear(h, model.heads[-1].weight, model.heads[-1].bias))
+
+
+def test_local_chain_rejects_bad_arguments():
+    blocks = _narrowing_blocks([8, 8, 8, 8, 8])
+    with pytest.raises(ValueError, match=r"widths must be a positive int or 2 of them"):
+        LocalChain(blocks, [8, 8, 8], head_every=2)
+    with pytest.raises(ValueError, match=r"head_every must be a positive int dividing len\(blocks\)=4"):
+        LocalChain(blocks, 8, head_every=3)
+    with pytest.raises(ValueError, match="final is set by LocalChain"):
+        LocalChain(blocks, 8, final=True)
+    with pytest.raises(ValueError, match="at least one module"):
+        LocalChain([], 8)
+    with pytest.raises(TypeError, match=r"blocks\[1\] must be an nn.Module"):
+        LocalChain([nn.ReLU(), lambda t: t], 8)
 
 
 def test_relu_head_fused_and_torch_agree_and_return_relu():

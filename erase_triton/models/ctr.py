@@ -17,9 +17,9 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from ..chain import check_head_every
 from ..head import LocalHead
 from .embedding import FusedSGDEmbeddings
-from .head_every import check_head_every
 
 
 @dataclasses.dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..head import LocalHead
+from ..chain import LocalChain
 
 
-class MLPChain(nn.Module):
+class MLPChain(LocalChain):
     """relu_in_head=True: each block's last ReLU moves into its LocalHead
     (activation="relu"): the same function, and the fused head back-propagates through
     the ReLU itself."""
@@ -16,27 +16,14 @@ class MLPChain(nn.Module):
     def __init__(self, width: int, blocks: int = 6, layers: int = 2, out_features: int = 1, loss: str = "bce",
                  backend: str = "auto", occupancy: float | str | None = "auto", device=None, dtype=None,
                  relu_in_head: bool = False):
-        super().__init__()
         kw = dict(device=device, dtype=dtype)
 
         def block():
             mods = [m for _ in range(layers) for m in (nn.Linear(width, width, **kw), nn.ReLU())]
             return nn.Sequential(*(mods[:-1] if relu_in_head else mods))
-        self.blocks = nn.ModuleList(block() for _ in range(blocks))
-        self.heads = nn.ModuleList(
-            LocalHead(width, out_features, loss, final=(i == blocks - 1), backend=backend, occupancy=occupancy,
-                      activation="relu" if relu_in_head else None, **kw)
-            for i in range(blocks))
+        super().__init__([block() for _ in range(blocks)], width, out_features, loss, backend=backend,
+                         occupancy=occupancy, activation="relu" if relu_in_head else None, **kw)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = x
-        for block, head in zip(self.blocks, self.heads):
-            h = head(block(h), y)
-        return h
-
-    @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        h = x
-        for block, head in zip(self.blocks, self.heads):
-            h = head.act(block(h))
-        return self.heads[-1].logits(h)
+        """The final head's logits for x (`logits`)."""
+        return self.logits(x)

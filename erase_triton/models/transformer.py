@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..chain import check_head_every
 from ..head import LocalHead
-from .head_every import check_head_every
 
 
 class Layer(nn.Module):
