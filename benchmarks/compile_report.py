@@ -1,6 +1,6 @@
 """Registers, spills, shared memory and MMA version of a fused-head kernel for sm_90a, without a GPU.
 
-    python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--set BLOCK_N=32 ...]
+    python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
@@ -26,8 +26,8 @@ from erase_triton.kernels import launch as kl  # noqa: E402
 from erase_triton.kernels import local_head as lh  # noqa: E402
 
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
-# pointer arguments: which dtype each points to (h-like ones follow --dtype)
-_PTRS = {"h_ptr": "h", "w_ptr": "h", "b_ptr": "h", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "h", "gb_ptr": "h",
+# pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
+_PTRS = {"h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
          "loss_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 
@@ -41,7 +41,7 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic):
     return plan
 
 
-def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90) -> dict:
+def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str | None = None) -> dict:
     cx = dict(plan.constexprs)
     warps = int(overrides.pop("num_warps", plan.num_warps))
     for k, v in overrides.items():
@@ -53,7 +53,7 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90) -> dict:
             sig[name] = "constexpr"
         elif name in _PTRS:
             t = _PTRS[name]
-            sig[name] = "*" + (_DT[dtype] if t == "h" else t)
+            sig[name] = "*" + {"h": _DT[dtype], "w": _DT[wdtype or dtype]}.get(t, t)
         else:
             sig[name] = _INTS.get(name, "i32")
     # what the JIT would specialise on: 16-byte aligned pointers (library-allocated or checked
@@ -85,6 +85,7 @@ def main():
     ap.add_argument("--C", type=int, default=256)
     ap.add_argument("--D", type=int, default=512)
     ap.add_argument("--dtype", default="bf16", choices=list(_DT))
+    ap.add_argument("--wdtype", default=None, choices=list(_DT), help="the weight's dtype (default: --dtype)")
     ap.add_argument("--occupancy", type=float, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], help="constexpr overrides, NAME=VALUE")
@@ -92,7 +93,7 @@ def main():
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic)
     over = dict(kv.split("=", 1) for kv in args.set)
     ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16)
-    r = report(plan, args.dtype, over, ints)
+    r = report(plan, args.dtype, over, ints, wdtype=args.wdtype)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0
 

@@ -25,7 +25,7 @@ for p in $PARTS; do
     tests)    timeout ${T_TESTS:-420} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
                 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -30 ;;
     ktests)   timeout ${T_KTESTS:-540} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_local_head.py \
-                -k "${KTESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows or two_pass or out_of_range}" 2>&1 | tail -30 ;;
+                -k "${KTESTS_K:-gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows or two_pass or out_of_range or mixed}" 2>&1 | tail -30 ;;
     host)     timeout ${T_HOST:-60} python3 benchmarks/profile_host.py 2>&1 | head -40 ;;
     step)     timeout ${T_STEP:-90} python3 benchmarks/profile_step.py 2>&1 | grep -v "^$" | head -70 ;;
     tune)     timeout ${T_TUNE:-240} python3 benchmarks/tune_dense_head.py --out "$RES/tune_dense_head.csv" ${TUNE_ARGS:-} | grep -v "^{" ;;

@@ -57,9 +57,10 @@ _AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the ne
 
 
 def linear_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int) -> torch.Tensor:
-    """A PyTorch head's loss (backend="torch"): Linear on h's rows, then the loss."""
+    """A PyTorch head's loss (backend="torch"): Linear on h's rows, then the loss. A weight of
+    another dtype than h is used in h's dtype (as autocast's Linear would), like the kernels do."""
     C = weight.shape[0]
-    z = F.linear(h, weight, bias).reshape(-1, C)
+    z = F.linear(h, weight.to(h.dtype), bias.to(h.dtype) if bias is not None else None).reshape(-1, C)
     return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
 
 

@@ -32,6 +32,8 @@ def head_loss(logits: torch.Tensor, target: torch.Tensor, loss: str, reduction: 
 def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
                ignore_index=-100, backend="torch", activation=None) -> LocalHeadResult:
     """Linear head + loss + autograd, computed at the inputs' precision.
+    A weight (and bias) of another dtype than h is used in h's dtype, as autocast's Linear
+    would; its gradients come back in its own dtype.
     activation="relu": the head reads relu(h), and grad_h is the gradient at h."""
     del occupancy, backend  # accepted for signature parity with fused_local_head
     D = h.shape[-1]
@@ -39,7 +41,7 @@ def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupan
     hh = h.detach().reshape(-1, D).requires_grad_(True)
     w = weight.detach().requires_grad_(True)
     b = bias.detach().requires_grad_(True) if bias is not None else None
-    z = F.linear(F.relu(hh) if activation == "relu" else hh, w, b)
+    z = F.linear(F.relu(hh) if activation == "relu" else hh, w.to(hh.dtype), b.to(hh.dtype) if b is not None else None)
     y = target.reshape(-1) if loss == "ce" else target.reshape(-1, C)
     out = head_loss(z, y, loss, reduction, ignore_index)
     leaves = [hh, w] + ([b] if b is not None else [])

@@ -133,7 +133,9 @@ def _ce_rows(b_t, m_n, ignore_index, C):
 
 @triton.jit
 def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
-    # The interpreter computes bf16/fp16 dots wrongly: upcast there (DOT_FP32).
+    # The interpreter computes bf16/fp16 dots wrongly: upcast there (DOT_FP32). The operands must
+    # share a dtype (tl.dot's rule on the GPU; asserted here so the interpreter's upcast hides no mix).
+    tl.static_assert(a.dtype == b.dtype, "_dot: operands of different dtypes (cast the weight tile to h's)")
     if DOT_FP32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
@@ -326,7 +328,7 @@ def _dense_head_kernel(
                     if BLOCK_C == 1:
                         b_z = tl.sum(b_h1.to(tl.float32) * b_w1.to(tl.float32), axis=1)[:, None]
                     else:
-                        b_z = _dot(b_h1, tl.trans(b_w1), DOT_FP32, PRECISION)
+                        b_z = _dot(b_h1, tl.trans(b_w1).to(b_h1.dtype), DOT_FP32, PRECISION)
                 else:
                     b_z = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
                     for d0 in range(0, D, BLOCK_D):
@@ -340,7 +342,7 @@ def _dense_head_kernel(
                         if BLOCK_C == 1:
                             b_z += tl.sum(b_h.to(tl.float32) * b_w.to(tl.float32), axis=1)[:, None]
                         else:
-                            b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+                            b_z += _dot(b_h, tl.trans(b_w).to(b_h.dtype), DOT_FP32, PRECISION)
                 if HAS_BIAS:
                     b_z += tl.load(b_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
                 m_nc = m_n[:, None] & m_c[None, :]
@@ -373,7 +375,7 @@ def _dense_head_kernel(
                         b_gh = b_dz * b_w1.to(tl.float32)
                         b_gw1 += tl.sum(b_dz * b_h1.to(tl.float32), axis=0)[None, :]
                     else:
-                        b_gh = _dot(b_dz.to(b_h1.dtype), b_w1, DOT_FP32, PRECISION)
+                        b_gh = _dot(b_dz.to(b_h1.dtype), b_w1.to(b_h1.dtype), DOT_FP32, PRECISION)
                         b_gw1 += _dot(tl.trans(b_dz).to(b_h1.dtype), b_h1, DOT_FP32, PRECISION)
                     tl.store(gh_ptr + o_n[:, None] * D + o_d1[None, :], _relu_out(b_gh, b_h1, RELU).to(gh_ptr.dtype.element_ty),
                              mask=m_h1)
@@ -390,7 +392,7 @@ def _dense_head_kernel(
                             b_gh = b_dz * b_w.to(tl.float32)
                             b_gw = tl.sum(b_dz * b_h.to(tl.float32), axis=0)[None, :]
                         else:
-                            b_gh = _dot(b_dz.to(b_h.dtype), b_w, DOT_FP32, PRECISION)
+                            b_gh = _dot(b_dz.to(b_h.dtype), b_w.to(b_h.dtype), DOT_FP32, PRECISION)
                             b_gw = _dot(tl.trans(b_dz).to(b_h.dtype), b_h, DOT_FP32, PRECISION)
                         tl.store(gh_ptr + o_n[:, None] * D + o_d[None, :], _relu_out(b_gh, b_h, RELU).to(gh_ptr.dtype.element_ty),
                                  mask=m_n[:, None] & m_d[None, :])
@@ -450,7 +452,7 @@ def _logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h, HAS_BIAS:
         b_h = _relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                                other=0.0), RELU)
         b_w = tl.load(w_ptr + o_v.to(tl.int64)[:, None] * D + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
-        b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+        b_z += _dot(b_h, tl.trans(b_w).to(b_h.dtype), DOT_FP32, PRECISION)
     if HAS_BIAS:
         b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return b_z
@@ -647,7 +649,7 @@ def _small_ce_kernel(
             if STORE_ACT:
                 tl.store(act_ptr + o_n[:, None] * D + o_k[None, :], b_h, mask=m_n[:, None] & m_k[None, :])
             b_w = tl.load(w_ptr + o_c[:, None] * D + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)
-            b_z += _dot(b_h, tl.trans(b_w), DOT_FP32, PRECISION)
+            b_z += _dot(b_h, tl.trans(b_w).to(b_h.dtype), DOT_FP32, PRECISION)
         # padded columns (c >= C) get -inf, with the bias in one vector add
         if HAS_BIAS:
             b_z += tl.load(b_ptr + o_c, mask=m_c, other=float("-inf")).to(tl.float32)[None, :]

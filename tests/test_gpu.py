@@ -257,6 +257,28 @@ def test_erase_equals_sequential_on_gpu():
         torch.testing.assert_close(era[k], seq[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
+@pytest.mark.parametrize("C,loss", [(3, "bce"), (100, "ce"), (1000, "ce")])
+def test_autocast_bf16_with_fp32_parameters(C, loss):
+    # autocast training: the blocks hand bf16 activations to heads whose parameters are fp32. The
+    # fused kernels (dense, small-CE, vocabulary) take the weight in bf16 for their tensor-core
+    # products (tl.dot needs one dtype) and give fp32 grads; erase == sequential, and both agree
+    # with PyTorch heads under the same autocast to bf16 rounding.
+    def grads_of(backend, mode):
+        torch.manual_seed(0)
+        model = et.LocalChain([nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(3)], 256, C, loss,
+                              backend=backend).to(dev)
+        x = torch.randn(2048, 256, device=dev)
+        y = torch.randint(0, C, (2048,), device=dev) if loss == "ce" else torch.rand(2048, C, device=dev).round()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return step_grads(model, mode, x, y)
+    era, seq, ref = grads_of("auto", "erase"), grads_of("auto", "sequential"), grads_of("torch", "sequential")
+    assert era.keys() == ref.keys() and all(g.dtype == torch.float32 for g in era.values())
+    for k in ref:
+        assert torch.isfinite(era[k]).all(), k
+        torch.testing.assert_close(era[k], seq[k], rtol=2e-2, atol=1e-4, msg=k)
+        assert rel_err(era[k], ref[k]) < 3e-2, (k, rel_err(era[k], ref[k]))
+
+
 def test_erase_bitwise_equals_sequential_at_equal_occupancy():
     torch.manual_seed(0)
     model = mlp_chain()

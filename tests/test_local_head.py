@@ -437,6 +437,43 @@ def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
         fused_local_head(h.cpu(), w.cpu(), b.cpu(), y_bad.cpu(), loss="ce", backend="torch")
 
 
+MIXED = [("bce", 1, "bf16", "fp32"), ("bce", 3, "bf16", "fp32"), ("mse", 2, "fp16", "fp32"), ("ce", 5, "bf16", "fp32"),
+         ("ce", 100, "bf16", "fp32"), ("ce", 1000, "bf16", "fp32"), ("ce", 100, "fp32", "bf16")]
+
+
+@pytest.mark.parametrize("loss,C,hdt,wdt", MIXED, ids=[f"mixed-{m[0]}-C{m[1]}-{m[2]}-{m[3]}" for m in MIXED])
+def test_mixed_dtypes_take_the_weight_in_h_dtype(loss, C, hdt, wdt, device):
+    # autocast training: bf16 activations, fp32 parameters. Every kernel takes the weight tile in h's
+    # dtype for its tensor-core products (tl.dot needs one dtype on the GPU; _dot asserts it, so the
+    # interpreter's fp32 upcast cannot hide a mix), and the grads come back in the parameters' dtypes.
+    h, w, b, y = make(loss, 300, 48, C, torch.float32, True, device)
+    h, w, b = h.to(DTYPES[hdt]), w.to(DTYPES[wdt]), b.to(DTYPES[wdt])
+    out = fused_local_head(h, w, b, y, loss=loss, backend="triton")
+    same = reference.local_head(h, w, b, y, loss=loss)
+    ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss)
+    assert out.grad_weight.dtype == w.dtype and out.grad_bias.dtype == b.dtype and out.grad_h.dtype == h.dtype
+    coarse = max(DTYPES[hdt], DTYPES[wdt], key=ATOL.get)  # the tolerance of the less precise dtype
+    for name in ("loss", "grad_h", "grad_weight", "grad_bias"):
+        assert_three_way(getattr(out, name), getattr(same, name), getattr(ref, name), coarse, name)
+
+
+@pytest.mark.parametrize("loss,C", [("bce", 3), ("ce", 100), ("ce", 1000)])
+def test_mixed_dtypes_compile_for_the_gpu(loss, C):
+    # what the interpreter cannot show: Triton's frontend for sm_90a (tl.dot needs one dtype there) accepts
+    # every kernel with bf16 h and fp32 weights. A subprocess: compile_report compiles for the device, not
+    # the interpreter, and needs no GPU (ptxas ships with triton).
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), "--loss", loss,
+                        "--C", str(C), "--D", "64", "--dtype", "bf16", "--wdtype", "fp32"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
+
+
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
     cfg = LaunchConfig(deterministic=True)
