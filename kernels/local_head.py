@@ -1027,8 +1027,16 @@ class HeadLaunch:
             bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
         act_out = act if self.store_act else grad_h  # (STORE_ACT=False: an unused pointer)
         if self.raw is None:
-            self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act_out, grad_weight, grad_bias, loss_out, buf, acc, ws.ctr,
-                                        *self.ints, **self.plan.opts, **self.plan.constexprs)
+            try:
+                self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act_out, grad_weight, grad_bias, loss_out, buf, acc,
+                                            ws.ctr, *self.ints, **self.plan.opts, **self.plan.constexprs)
+            except BaseException:
+                # A kernel stopped part-way (the interpreter runs its programs on the host, and an error
+                # or Ctrl-C can stop one) leaves counters and accumulators that every launch expects at
+                # zero: the next launch on this workspace would wait on them forever.
+                ws.ctr.zero_()
+                ws.acc.zero_()
+                raise
         else:
             self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),

@@ -474,6 +474,26 @@ def test_mixed_dtypes_compile_for_the_gpu(loss, C):
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
 
 
+def test_a_kernel_stopped_part_way_leaves_a_clean_workspace(monkeypatch):
+    # under the interpreter an error inside a program stops the launch part-way; its phase counters
+    # must not stay set, or the next launch on the workspace spins forever on them
+    h, w, b, y = make("ce", 300, 48, 130, torch.float32, True, torch.device("cpu"))
+    klh._PLANS.clear()
+    functional._FAST.clear()
+    calls = []
+
+    def item_done_then_fail(ptr):
+        calls.append(1)
+        raise RuntimeError("stopped part-way")
+    monkeypatch.setattr(klh, "_item_done", item_done_then_fail)
+    with pytest.raises(Exception, match="stopped part-way"):
+        fused_local_head(h, w, b, y, loss="ce", backend="triton")
+    monkeypatch.undo()
+    ws = klh._workspace(torch.device("cpu"))
+    assert calls and (ws.ctr == 0).all() and (ws.acc == 0).all()
+    check("ce", 300, 48, 130, torch.float32, True, None, torch.device("cpu"))
+
+
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
     cfg = LaunchConfig(deterministic=True)
