@@ -201,7 +201,8 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
                      activation: str | None = None) -> LocalHeadResult:
     """Loss and every gradient of ``loss(h @ weight.T + bias, target)`` in one launch.
 
-    h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None.
+    h [..., D] (fp32/bf16/fp16); weight [C, D]; bias [C] or None. The weight may have another of
+    those dtypes than h (autocast's fp32 parameters): it enters matrix products in h's dtype.
     target: "bce"/"mse" float [..., C] (or [...] when C == 1); "ce" int [...] class ids,
     rows equal to ignore_index are skipped (and leave the mean's denominator). A class id
     outside [0, C) other than ignore_index makes the Triton kernels return a NaN loss, NaN
