@@ -11,11 +11,10 @@ import argparse
 import os
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table  # noqa: E402
+from common import parse_head_every, print_table  # noqa: E402
 
 from erase_triton import Scheduler  # noqa: E402
 from erase_triton.study import ctr_workload  # noqa: E402
@@ -45,7 +44,7 @@ def main():
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=512)
     args = ap.parse_args()
-    rows = [step_matmuls(int(k), args.width, args.batch) for k in args.head_every.split(",")]
+    rows = [step_matmuls(k, args.width, args.batch) for k in parse_head_every(args.head_every)]
     for r in rows:
         r["gflop_vs_k1"] = r["gflop"] / rows[0]["gflop"]
     print_table(rows, ["head_every", "matmuls", "width_x_width", "gflop", "gflop_vs_k1"])

@@ -1,5 +1,5 @@
-"""`LocalChain`: a user's blocks in a chain, with a LocalHead after every k-th block; `check_head_every`,
-which the models with a `head_every` option (TinyTransformer, CTRConfig) share."""
+"""`LocalChain`: a user's blocks in a chain, with a LocalHead after every k-th block; `check_head_every`
+and `run_chain`, which the models with a `head_every` option (TinyTransformer, CTRConfig) share."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -15,6 +15,19 @@ def check_head_every(head_every, n_blocks: int, name: str) -> int:
     if isinstance(head_every, bool) or not isinstance(head_every, int) or head_every < 1 or n_blocks % head_every:
         raise ValueError(f"head_every must be a positive int dividing {name}={n_blocks}, got {head_every!r}")
     return head_every
+
+
+def run_chain(blocks: nn.ModuleList, heads: nn.ModuleList, head_every: int, h: torch.Tensor, target: torch.Tensor,
+              before_last_head: nn.Module | None = None) -> torch.Tensor:
+    """h through blocks with heads[j // head_every](h, target) after every head_every-th block (the forward
+    of LocalChain, TinyTransformer and the CTR model's subarchitectures); before_last_head, if given, runs
+    on the last block's output before its head (the transformer's final LayerNorm)."""
+    k, last = head_every, len(blocks) - 1
+    for j, block in enumerate(blocks):  # indexing, not slicing: a ModuleList slice is a new module
+        h = block(h)
+        if (j + 1) % k == 0:
+            h = heads[j // k](before_last_head(h) if j == last and before_last_head is not None else h, target)
+    return h
 
 
 class LocalChain(nn.Module):
@@ -56,12 +69,7 @@ class LocalChain(nn.Module):
                                    for i, w in enumerate(widths))
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        h, k = x, self.head_every
-        for j, block in enumerate(self.blocks):  # indexing, not slicing: a ModuleList slice is a new module
-            h = block(h)
-            if (j + 1) % k == 0:
-                h = self.heads[j // k](h, target)
-        return h
+        return run_chain(self.blocks, self.heads, self.head_every, x, target)
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:

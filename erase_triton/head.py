@@ -31,7 +31,7 @@ from erase_triton.kernels.launch import LaunchConfig
 from . import scheduler as _sched
 
 from .functional import check_activation, check_args, local_head_into, use_triton
-from .reference import head_loss
+from .reference import linear_head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
 
@@ -54,14 +54,6 @@ WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
 
 _AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
-
-
-def linear_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int) -> torch.Tensor:
-    """A PyTorch head's loss (backend="torch"): Linear on h's rows, then the loss. A weight of
-    another dtype than h is used in h's dtype (as autocast's Linear would), like the kernels do."""
-    C = weight.shape[0]
-    z = F.linear(h, weight.to(h.dtype), bias.to(h.dtype) if bias is not None else None).reshape(-1, C)
-    return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
 
 
 class LocalHead(nn.Module):

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LocalHeadResult", "local_head"]
+__all__ = ["LocalHeadResult", "linear_head_loss", "local_head"]
 
 
 class LocalHeadResult(NamedTuple):
@@ -29,21 +29,27 @@ def head_loss(logits: torch.Tensor, target: torch.Tensor, loss: str, reduction: 
     return F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction=reduction)
 
 
+def linear_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int) -> torch.Tensor:
+    """A PyTorch head's loss (the reference, and LocalHead's backend="torch"): Linear on h's rows, then
+    the loss. A weight of another dtype than h is used in h's dtype (as autocast's Linear would), like
+    the kernels do."""
+    C = weight.shape[0]
+    z = F.linear(h, weight.to(h.dtype), bias.to(h.dtype) if bias is not None else None).reshape(-1, C)
+    return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
+
+
 def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
                ignore_index=-100, backend="torch", activation=None) -> LocalHeadResult:
     """Linear head + loss + autograd, computed at the inputs' precision.
-    A weight (and bias) of another dtype than h is used in h's dtype, as autocast's Linear
-    would; its gradients come back in its own dtype.
+    A weight (and bias) of another dtype than h is used in h's dtype (`linear_head_loss`); its
+    gradients come back in its own dtype.
     activation="relu": the head reads relu(h), and grad_h is the gradient at h."""
     del occupancy, backend  # accepted for signature parity with fused_local_head
     D = h.shape[-1]
-    C = weight.shape[0]
     hh = h.detach().reshape(-1, D).requires_grad_(True)
     w = weight.detach().requires_grad_(True)
     b = bias.detach().requires_grad_(True) if bias is not None else None
-    z = F.linear(F.relu(hh) if activation == "relu" else hh, w.to(hh.dtype), b.to(hh.dtype) if b is not None else None)
-    y = target.reshape(-1) if loss == "ce" else target.reshape(-1, C)
-    out = head_loss(z, y, loss, reduction, ignore_index)
+    out = linear_head_loss(F.relu(hh) if activation == "relu" else hh, w, b, target, loss, reduction, ignore_index)
     leaves = [hh, w] + ([b] if b is not None else [])
     grads = torch.autograd.grad(out, leaves)
     loss_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32

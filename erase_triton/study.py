@@ -21,11 +21,11 @@ import torch.nn.functional as F
 
 from . import reference
 from .blocks import compile_blocks
-from .head import LocalHead, linear_head_loss
+from .head import LocalHead
 from .models.ctr import CTRConfig, CTRModel
 from .models.mlp import MLPChain
 from .models.transformer import TinyTransformer
-from .reference import head_loss
+from .reference import head_loss, linear_head_loss
 from .scheduler import Scheduler
 from .train import training_step
 

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from ..chain import check_head_every
+from ..chain import check_head_every, run_chain
 from ..head import LocalHead
 from .embedding import FusedSGDEmbeddings
 
@@ -105,12 +105,7 @@ class CTRModel(nn.Module):
         return self.proj(torch.cat(embs + [self.bottom(dense)], dim=1))
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        h = self.features(dense, sparse)
-        k = self.cfg.head_every
-        for j, sub in enumerate(self.subarchs):  # indexing, not slicing: a ModuleList slice is a new module
-            h = sub(h)
-            if (j + 1) % k == 0:
-                h = self.heads[j // k](h, label)
+        h = run_chain(self.subarchs, self.heads, self.cfg.head_every, self.features(dense, sparse), label)
         return self.final_head(self.over(h), label)
 
     @torch.no_grad()

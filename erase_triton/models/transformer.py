@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..chain import check_head_every
+from ..chain import check_head_every, run_chain
 from ..head import LocalHead
 
 
@@ -57,13 +57,7 @@ class TinyTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x, y: [B, S] token ids (y = x shifted by one). Heads back-propagate; returns h."""
-        h = self.embed(x)
-        k, last = self.head_every, len(self.layers) - 1
-        for j, layer in enumerate(self.layers):  # indexing, not slicing: a ModuleList slice is a new module
-            h = layer(h)
-            if (j + 1) % k == 0:
-                h = self.heads[j // k](self.ln_f(h) if j == last else h, y)
-        return h
+        return run_chain(self.layers, self.heads, self.head_every, self.embed(x), y, before_last_head=self.ln_f)
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
