@@ -554,6 +554,9 @@ class Scheduler:
         every early backward on its stream and whatever optimizer step step_fn does (or the
         scheduler's early updates); that optimizer must be capturable (SGD is; Adam and AdamW
         need capturable=True, and PyTorch raises at capture otherwise).
+        Inside an enclosing ``torch.autocast("cuda")``, the warm-up and capture run with autocast's
+        cast cache off, so every cast of an fp32 weight is a kernel in the graph and replays see
+        the optimizer's in-place updates (with the cache on, the graph would read the warm-up's casts).
         Returns a callable that replays the graph and returns step_fn's output
         (static tensors, overwritten by each replay). Copy new data into
         static_inputs before each replay.
@@ -570,7 +573,7 @@ class Scheduler:
         # and replayed before every head (two fill kernels a head on the H200 trace).
         self._warming = True
         try:
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), _autocast_cache_off():
                 for _ in range(warmup):
                     with self.step():
                         step_fn(*static_inputs)
@@ -578,10 +581,25 @@ class Scheduler:
             self._warming = False
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
+        with _autocast_cache_off(), torch.cuda.graph(graph, stream=side):
             with self.step():
                 out = step_fn(*static_inputs)
         return CapturedStep(graph, out)
+
+
+def _autocast_cache_off(device: str = "cuda"):
+    """Inside an enclosing torch.autocast(device), the same autocast with its cast cache off; else nothing.
+
+    Autocast caches the low-precision copy of each fp32 leaf parameter until the outermost autocast
+    exits, and does not watch the parameter's version. Captured inside one autocast region after the
+    warm-up steps filled that cache, a graph would read the warm-up's copies: never re-cast, so its
+    replays would not see an optimizer's in-place updates of the fp32 weights (and the copies are freed
+    when the region ends, while the graph still reads them). With the cache off, every cast is a kernel
+    in the graph, run on each replay. (Why `make_graphed_callables` refuses autocast's cache.)
+    """
+    if not (torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled()):
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
 
 
 class CapturedStep:

@@ -1,4 +1,5 @@
 """LocalHead and Scheduler on CPU: the three modes against hand-written autograd."""
+import contextlib
 import copy
 
 import pytest
@@ -320,6 +321,27 @@ def test_capture_needs_cuda():
         pytest.skip("CUDA present")
     with pytest.raises(RuntimeError, match="needs CUDA"):
         Scheduler("erase").capture(lambda: None)
+
+
+def test_capture_turns_autocast_cache_off():
+    # capture() runs its warm-up and capture under this context: an enclosing autocast's cached casts
+    # would otherwise be read by the graph, never re-cast (stale after an in-place optimizer update).
+    # Shown with CPU autocast, whose cache behaves the same.
+    lin, x = nn.Linear(16, 16), torch.randn(4, 16)
+    assert isinstance(scheduler._autocast_cache_off("cpu"), type(contextlib.nullcontext()))  # no autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(-1.0)
+        assert torch.equal(lin(x), a)  # autocast's cache: the cast made before the update
+        with scheduler._autocast_cache_off("cpu"):
+            assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+            b = lin(x)
+        assert torch.is_autocast_cache_enabled()  # restored on exit
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(b, lin(x))  # the cast of the updated weight
+    assert not torch.equal(a, b)
 
 
 def test_head_occupancy_auto_and_validation():

@@ -1,0 +1,54 @@
+"""Does a step captured inside one torch.autocast("cuda") see in-place updates of its fp32 weights on replay?
+
+    python3 benchmarks/check_autocast_capture.py            # the library's capture (autocast's cache off)
+    python3 benchmarks/check_autocast_capture.py --cache-on  # capture with autocast's cache left on (before session 21)
+
+Captures an erase step of a 3-block LocalChain inside one autocast region, replays it, negates the blocks'
+fp32 weights in place (what an optimizer does), replays again, and compares the final head's loss with an eager
+autocast step on the updated weights. Prints one line: "fresh" (the replay re-cast the weights) or "stale".
+Each run is one fresh process (what autocast caches is per thread and lives until the outermost autocast exits).
+"""
+import argparse
+import contextlib
+import sys
+
+import torch
+from torch import nn
+
+import erase_triton as et
+from erase_triton import scheduler
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-on", action="store_true", help="capture with autocast's cast cache on")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 0
+    if args.cache_on:
+        scheduler._autocast_cache_off = lambda device="cuda": contextlib.nullcontext()
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = et.LocalChain([nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(3)], 128, 1, "bce").to(dev)
+    x, y = torch.randn(512, 128, device=dev), torch.rand(512, device=dev).round()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        step = et.Scheduler("erase").capture(lambda a, b: model(a, b), x, y)
+    step()
+    before = model.heads[-1].last_loss.item()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk[0].weight.mul_(-1.0)
+    step()
+    after = model.heads[-1].last_loss.item()
+    with torch.autocast("cuda", dtype=torch.bfloat16), et.Scheduler("erase").step():
+        model(x, y)
+    eager = model.heads[-1].last_loss.item()
+    fresh = abs(after - eager) <= 1e-3 + 2e-2 * abs(eager) and after != before
+    print(f"cache_on={int(args.cache_on)} replay before {before:.6f} after {after:.6f} eager {eager:.6f}: "
+          f"{'fresh' if fresh else 'stale'}")
+    return 0 if fresh or args.cache_on else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
