@@ -4,8 +4,9 @@
     python3 benchmarks/check_autocast_capture.py --cache-on  # capture with autocast's cache left on (before session 21)
 
 Captures an erase step of a 3-block LocalChain inside one autocast region, replays it, negates the blocks'
-fp32 weights in place (what an optimizer does), replays again, and compares the final head's loss with an eager
-autocast step on the updated weights. Prints one line: "fresh" (the replay re-cast the weights) or "stale".
+fp32 weights in place (what an optimizer does), replays again, and compares the step's output (the last block's)
+with an eager autocast step on the updated weights. Prints one line: "fresh" (the replay re-cast the weights) or
+"stale". (Not the loss: it stays near log 2 either way, and its last bits vary with the head's float atomics.)
 Each run is one fresh process (what autocast caches is per thread and lives until the outermost autocast exits).
 """
 import argparse
@@ -34,19 +35,18 @@ def main() -> int:
     x, y = torch.randn(512, 128, device=dev), torch.rand(512, device=dev).round()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         step = et.Scheduler("erase").capture(lambda a, b: model(a, b), x, y)
-    step()
-    before = model.heads[-1].last_loss.item()
+    before = step().float().clone()
     with torch.no_grad():
         for blk in model.blocks:
             blk[0].weight.mul_(-1.0)
-    step()
-    after = model.heads[-1].last_loss.item()
+    after = step().float().clone()
     with torch.autocast("cuda", dtype=torch.bfloat16), et.Scheduler("erase").step():
-        model(x, y)
-    eager = model.heads[-1].last_loss.item()
-    fresh = abs(after - eager) <= 1e-3 + 2e-2 * abs(eager) and after != before
-    print(f"cache_on={int(args.cache_on)} replay before {before:.6f} after {after:.6f} eager {eager:.6f}: "
-          f"{'fresh' if fresh else 'stale'}")
+        eager = model(x, y).float()
+    moved = float((after - before).abs().max() / before.abs().max())
+    err = float((after - eager).abs().max() / eager.abs().max())
+    fresh = moved > 0.1 and err < 0.02
+    print(f"cache_on={int(args.cache_on)} replay output moved {moved:.3f} (of its max) by the update, "
+          f"off the eager step by {err:.4f}: {'fresh' if fresh else 'stale'}")
     return 0 if fresh or args.cache_on else 1
 
 
