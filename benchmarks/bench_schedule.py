@@ -154,7 +154,8 @@ def _build(workload, heads, *args, **kw):
     return model, inputs
 
 
-def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=(), early=False):
+def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters=40, bounds=(), early=False,
+             wall_steps=0):
     for desc, build in cases:
         for heads in ("torch", "fused") + tuple(bounds):
             if heads in GRAPHED_ONLY:  # graphed erase only: bounds and baselines for graph_fused_vs_torch_heads
@@ -176,8 +177,9 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                     variants[("erase", other_priorities())] = Scheduler("erase", priorities=other_setting())
                     variants[("sequential", "side-stream")] = SideStreamScheduler("sequential")
                     variants[("sequential", "again")] = Scheduler("sequential")  # A/A: the noise floor
-                per_round = {}
-                res = time_eager_modes(model, inputs, variants, iters=iters, rounds=per_round)
+                per_round, per_wall = {}, {}
+                res = time_eager_modes(model, inputs, variants, iters=iters, rounds=per_round,
+                                       wall_steps=wall_steps, wall=per_wall)
                 seq = per_round[("sequential", "auto")]
                 for (mode, streams), (ms, peak, host_ms) in res.items():
                     # paired: the median over rounds of sequential's time / this variant's, same round
@@ -185,6 +187,10 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
                     row = dict(desc, heads=heads, exec="eager", mode=mode, streams=streams, ms=ms, peak_mb=peak,
                                host_ms=host_ms, forks=variants[(mode, streams)].last_forks,  # in the last step
                                paired_seq_over_this=paired)
+                    if per_wall:  # wall clock over blocks of steps: a run's throughput, paired the same way
+                        w = per_wall[(mode, streams)]
+                        row.update(wall_ms=statistics.median(w), wall_paired_seq_over_this=statistics.median(
+                            a / b for a, b in zip(per_wall[("sequential", "auto")], w)))
                     rows.append(row)
                     print(row, flush=True)
                 del model, inputs
@@ -270,6 +276,13 @@ def summarize(rows):
                  and (r["mode"], r["streams"]) == (mode, streams) and r.get("paired_seq_over_this") not in (None, "")]
             if p:  # the median over rounds of sequential / this variant, both in the same round
                 s[f"eager_{name}_vs_seq_paired"] = float(p[0])
+        for (mode, streams), name in ((("erase", "auto"), "erase"), (("erase", "always-fork"), "always_fork"),
+                                      (("sequential", "again"), "again")):
+            p = [r["wall_paired_seq_over_this"] for r in rows if key(r) == k and r["exec"] == "eager"
+                 and r["heads"] == "fused" and (r["mode"], r["streams"]) == (mode, streams)
+                 and r.get("wall_paired_seq_over_this") not in (None, "")]
+            if p:  # wall clock, paired: sequential / this variant over blocks of steps in the same round
+                s[f"eager_{name}_vs_seq_wall"] = float(p[0])
         host = {r["mode"]: r["host_ms"] for r in rows
                 if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused" and r["streams"] == "auto"}
         if host:
@@ -287,6 +300,10 @@ def main():
     ap.add_argument("--exec", default="both", choices=["both", "eager", "graph"], help="eager steps, graphed, or both")
     ap.add_argument("--occupancy", default="auto", help="the fused heads' occupancy: auto (default) or a fraction")
     ap.add_argument("--iters", type=int, default=40, help="eager rounds (every variant once a round)")
+    ap.add_argument("--wall-steps", type=int, default=0,
+                    help="eager: also --iters rounds of K consecutive steps a variant between device syncs, by the "
+                         "host clock (a run's throughput; CUDA events time the GPU's share of a step); columns "
+                         "wall_ms, wall_paired_seq_over_this, summary eager_*_vs_seq_wall")
     ap.add_argument("--free-heads", action="store_true",
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads): "
                          "a constant gradient (free) and the first step's real one (free-replayed)")
@@ -353,6 +370,7 @@ def main():
                               lambda heads, w=w, b=b, s=s, bs=bs: transformer_case(w, b, s, heads, occ, bs)))
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
+             wall_steps=args.wall_steps,
              bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ())
              + (("torch-compile",) if args.compiled_heads else ()), early=args.early_update)
     write_csv(args.out, rows, meta)
@@ -364,7 +382,7 @@ def main():
                        "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
                        "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
                        "graph_erase_fused_ms_early", "graph_early_vs_erase", "graph_early_vs_e2e",
-                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
+                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_erase_vs_seq_wall", "eager_always_fork_vs_seq_wall", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

@@ -335,7 +335,8 @@ def _peak_mb(run) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
-def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3, rounds: dict | None = None) -> dict:
+def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3, rounds: dict | None = None,
+                     wall_steps: int = 0, wall: dict | None = None) -> dict:
     """Eager steps of several schedules, interleaved on one model (every round runs each
     variant once, in a shuffled order: A C B, B A C, ...).
 
@@ -347,6 +348,13 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3,
     one step)}; host ms close to the event ms means the step is host-bound. rounds, if
     given, is filled with {name: [ms of each round]}, in round order: a ratio of two
     variants' times in the same round cancels drift slower than one round (a paired estimate).
+
+    wall_steps=K > 0: after the event rounds, `iters` more rounds in which each variant runs K
+    consecutive steps between two device syncs, timed by the host clock; `wall` is filled with
+    {name: [ms a step of each round]}. That is a run's throughput: events time the GPU's share of a
+    step, which in a host-bound step is not what a run of such steps takes (the host issues the
+    next step no sooner). Each block starts on an idle GPU and ends with a drain (~1/K of a step's
+    latency a step, alike for every variant).
     """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     step = training_step(model, opt)
@@ -377,6 +385,21 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3,
     ms = {name: statistics.median(per_round[name]) for name in runs}
     if rounds is not None:
         rounds.update(per_round)
+    if wall_steps > 0:
+        per_wall = {name: [] for name in runs}
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        for _ in range(iters):
+            rng.shuffle(order)
+            for name in order:
+                run = runs[name]
+                sync()
+                t = time.perf_counter()
+                for _ in range(wall_steps):
+                    run()
+                sync()
+                per_wall[name].append((time.perf_counter() - t) * 1e3 / wall_steps)
+        if wall is not None:
+            wall.update(per_wall)
     return {name: (ms[name], peak[name], statistics.median(host[name])) for name in runs}
 
 

@@ -410,6 +410,14 @@ def test_time_eager_modes_interleaves_every_variant():
     assert set(res) == set(variants) and all(ms > 0 and host > 0 for ms, _, host in res.values())
     # interleaved, not one mode after another: each round runs every variant once
     assert sorted(calls[-6:-3]) == sorted(calls[-3:]) == ["e2e", "erase", "sequential"]
+    # wall blocks: after the event rounds, each round runs K consecutive steps of every variant in turn
+    calls.clear()
+    wall = {}
+    time_eager_modes(model, (x, y), variants, iters=2, wall_steps=3, wall=wall)
+    assert set(wall) == set(variants) and all(len(v) == 2 and min(v) > 0 for v in wall.values())
+    blocks = calls[-18:]
+    assert all(len(set(blocks[i:i + 3])) == 1 for i in range(0, 18, 3))  # 3 steps of one variant a block
+    assert sorted(blocks[9:18:3]) == sorted(blocks[0:9:3]) == ["e2e", "erase", "sequential"]
 
 
 class _FakeEvent:
@@ -558,7 +566,9 @@ def test_free_heads_bound_and_summary():
             dict(desc, heads="torch", mode="e2e", ms=3.3), dict(desc, heads="torch", streams="early-update", ms=2.9),
             dict(desc, heads="fused", streams="early-update", ms=2.4)]
     eager = dict(desc, exec="eager", heads="fused", ms=4.0, host_ms=3.9)
-    rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0), dict(eager, mode="erase", paired_seq_over_this=1.02),
+    rows += [dict(eager, mode="sequential", paired_seq_over_this=1.0, wall_paired_seq_over_this=1.0),
+             dict(eager, mode="erase", paired_seq_over_this=1.02, wall_paired_seq_over_this=1.01),
+             dict(eager, mode="erase", streams="always-fork", paired_seq_over_this=1.1, wall_paired_seq_over_this=0.93),
              dict(eager, mode="sequential", streams="again", paired_seq_over_this=0.99)]
     s, = bs.summarize(rows)
     assert s["graph_fused_vs_torch_heads"] == pytest.approx(1.2) and s["graph_free_vs_torch_heads"] == pytest.approx(1.5)
@@ -566,6 +576,8 @@ def test_free_heads_bound_and_summary():
     assert s["graph_fused_vs_compiled_heads"] == pytest.approx(1.1)
     assert s["graph_compiled_vs_torch_heads"] == pytest.approx(3.0 / 2.75)
     assert s["eager_erase_vs_seq_paired"] == 1.02 and s["eager_again_vs_seq_paired"] == 0.99
+    assert s["eager_erase_vs_seq_wall"] == 1.01 and s["eager_always_fork_vs_seq_wall"] == 0.93
+    assert "eager_again_vs_seq_wall" not in s  # a row without wall blocks adds no wall column
     assert s["graph_early_vs_erase"] == pytest.approx(2.5 / 2.4) and s["graph_early_vs_e2e"] == pytest.approx(3.3 / 2.4)
     assert s["graph_fused_vs_torch_heads_early"] == pytest.approx(2.9 / 2.4)
 
