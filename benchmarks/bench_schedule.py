@@ -334,6 +334,8 @@ def main():
                     "programs_per_sm=PPS, FIELD=INT) of the heads beside the next segment (default: the library's); "
                     "each setting a row")
     args = ap.parse_args()
+    if args.wall_steps < 0:
+        ap.error(f"--wall-steps must be >= 0 (0: no wall-clock blocks), got {args.wall_steps}")
     global PRIORITIES, CAPTURES, COMPILE_BLOCKS
     PRIORITIES = args.priorities or Scheduler().priorities
     COMPILE_BLOCKS = args.compile_blocks
@@ -382,7 +384,7 @@ def main():
                        "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
                        "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
                        "graph_erase_fused_ms_early", "graph_early_vs_erase", "graph_early_vs_e2e",
-                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_erase_vs_seq_wall", "eager_always_fork_vs_seq_wall", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
+                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_erase_vs_seq_wall", "eager_always_fork_vs_seq_wall", "eager_again_vs_seq_wall", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 
