@@ -219,6 +219,11 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
             save(rows)  # partial results survive a timeout
 
 
+_PAIRED = ((("erase", "auto"), "erase"), (("sequential", "again"), "again"),
+           (("erase", "equal-priority"), "equal_priority"), (("erase", "rising-priority"), "rising_priority"))
+_WALL = ((("erase", "auto"), "erase"), (("erase", "always-fork"), "always_fork"), (("sequential", "again"), "again"))
+
+
 def summarize(rows):
     """Speedups per config: erase vs sequential, erase vs e2e, fused vs torch heads."""
     out = []
@@ -269,20 +274,14 @@ def summarize(rows):
             ms = [r["ms"] for r in rows if key(r) == k and r["streams"] == variant]
             if ms:
                 s[f"eager_{variant.replace('-', '_')}_vs_seq"] = seq / ms[0]
-        for (mode, streams), name in ((("erase", "auto"), "erase"), (("sequential", "again"), "again"),
-                                      (("erase", "equal-priority"), "equal_priority"),
-                                      (("erase", "rising-priority"), "rising_priority")):
-            p = [r["paired_seq_over_this"] for r in rows if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused"
-                 and (r["mode"], r["streams"]) == (mode, streams) and r.get("paired_seq_over_this") not in (None, "")]
-            if p:  # the median over rounds of sequential / this variant, both in the same round
-                s[f"eager_{name}_vs_seq_paired"] = float(p[0])
-        for (mode, streams), name in ((("erase", "auto"), "erase"), (("erase", "always-fork"), "always_fork"),
-                                      (("sequential", "again"), "again")):
-            p = [r["wall_paired_seq_over_this"] for r in rows if key(r) == k and r["exec"] == "eager"
-                 and r["heads"] == "fused" and (r["mode"], r["streams"]) == (mode, streams)
-                 and r.get("wall_paired_seq_over_this") not in (None, "")]
-            if p:  # wall clock, paired: sequential / this variant over blocks of steps in the same round
-                s[f"eager_{name}_vs_seq_wall"] = float(p[0])
+        # the median over rounds of sequential / this variant, both in the same round: by CUDA events
+        # (paired), and by the host clock over blocks of steps (wall, --wall-steps)
+        for col, suffix, names in (("paired_seq_over_this", "paired", _PAIRED), ("wall_paired_seq_over_this", "wall", _WALL)):
+            for (mode, streams), name in names:
+                p = [r[col] for r in rows if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused"
+                     and (r["mode"], r["streams"]) == (mode, streams) and r.get(col) not in (None, "")]
+                if p:
+                    s[f"eager_{name}_vs_seq_{suffix}"] = float(p[0])
         host = {r["mode"]: r["host_ms"] for r in rows
                 if key(r) == k and r["exec"] == "eager" and r["heads"] == "fused" and r["streams"] == "auto"}
         if host:

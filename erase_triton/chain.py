@@ -17,10 +17,11 @@ def check_head_every(head_every, n_blocks: int, name: str) -> int:
     return head_every
 
 
-def run_chain(blocks: nn.ModuleList, heads: nn.ModuleList, head_every: int, h: torch.Tensor, target: torch.Tensor,
+def run_chain(blocks: nn.ModuleList, heads: Sequence, head_every: int, h: torch.Tensor, target,
               before_last_head: nn.Module | None = None) -> torch.Tensor:
     """h through blocks with heads[j // head_every](h, target) after every head_every-th block (the forward
-    of LocalChain, TinyTransformer and the CTR model's subarchitectures); before_last_head, if given, runs
+    of LocalChain, TinyTransformer and the CTR model's subarchitectures; heads may be any callables of
+    (h, target): LocalChain.logits passes each head's activation); before_last_head, if given, runs
     on the last block's output before its head (the transformer's final LayerNorm)."""
     k, last = head_every, len(blocks) - 1
     for j, block in enumerate(blocks):  # indexing, not slicing: a ModuleList slice is a new module
@@ -74,9 +75,5 @@ class LocalChain(nn.Module):
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The final head's logits for x (no loss, no gradients)."""
-        h, k = x, self.head_every
-        for j, block in enumerate(self.blocks):
-            h = block(h)
-            if (j + 1) % k == 0 and j != len(self.blocks) - 1:
-                h = self.heads[j // k].act(h)
-        return self.heads[-1].logits(self.heads[-1].act(h))
+        acts = [lambda h, _target, head=head: head.act(h) for head in self.heads]  # each head's activation only
+        return self.heads[-1].logits(run_chain(self.blocks, acts, self.head_every, x, None))
