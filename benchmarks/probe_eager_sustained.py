@@ -12,6 +12,9 @@ This probe times, for sequential and erase (forking every step) with fused heads
              allocator's cudaMalloc / cudaFree calls and retries in the block.
 Run it under different environments (--label names the run in the CSV; one CSV a run), e.g.
 CUDA_DEVICE_MAX_CONNECTIONS=32 or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+--hold S: afterwards, each variant runs steps for S seconds at a time (sequential, erase, twice), with
+nvidia-smi sampling the SM clock, power draw and throttle reasons every 50 ms; the rows get the
+median clock and power inside each variant's windows (their first 0.3 s left out) and the time a step.
 """
 from __future__ import annotations
 
@@ -19,8 +22,12 @@ import argparse
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
+from datetime import datetime
 
 import torch
 
@@ -40,7 +47,39 @@ def _stats() -> dict:
     return {k: s.get(k, 0) for k in STATS}
 
 
-def probe(width, batch, dname, rounds, steps):
+def _smi_samples(path: str) -> list[tuple[float, float, float, str]]:
+    """(unix time, SM MHz, W, throttle reasons) of each nvidia-smi sample in path."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != 4:
+                continue
+            try:
+                t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append((t, float(parts[1]), float(parts[2]), parts[3]))
+            except ValueError:
+                continue
+    return out
+
+
+def hold(runs, seconds, smi_log):
+    """Each variant runs steps back to back for `seconds`, twice, alternating; returns
+    {name: [(t0, t1, steps)]} (host clock) for matching with nvidia-smi's samples."""
+    windows = {n: [] for n in runs}
+    for name in list(runs) * 2:
+        run = runs[name]
+        torch.cuda.synchronize()
+        t0, n = time.time(), 0
+        while time.time() - t0 < seconds:
+            run()
+            n += 1
+        torch.cuda.synchronize()
+        windows[name].append((t0, time.time(), n))
+    return windows
+
+
+def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None):
     dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
     model, inputs = with_heads(mlp_workload, "fused", width, batch, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -96,8 +135,21 @@ def probe(width, batch, dname, rounds, steps):
         for k in STATS:
             row[k + "_per_block"] = sum(a[k]) / len(a[k])
         out.append(row)
+    if hold_s > 0:
+        windows = hold(runs, hold_s, smi_log)
+        time.sleep(0.2)  # nvidia-smi's last samples
+        samples = _smi_samples(smi_log)
+        for row in out:
+            ws = windows[row["mode"]]
+            row["hold_ms_per_step"] = sum(t1 - t0 for t0, t1, _ in ws) * 1e3 / sum(n for *_, n in ws)
+            inside = [smp for smp in samples for t0, t1, _ in ws if t0 + 0.3 <= smp[0] <= t1]
+            row["hold_samples"] = len(inside)
+            if inside:
+                row["sm_mhz"] = statistics.median(x[1] for x in inside)
+                row["power_w"] = statistics.median(x[2] for x in inside)
+                row["throttle"] = Counter(x[3] for x in inside).most_common(1)[0][0]
     seq, er = out
-    for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms"):
+    for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms") + (("hold_ms_per_step",) if hold_s > 0 else ()):
         er["seq_over_erase_" + k] = seq[k] / er[k]
     del model, inputs
     torch.cuda.empty_cache()
@@ -110,6 +162,7 @@ def main():
     ap.add_argument("--label", default="default", help="names this run's environment in the CSV")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=10, help="steps in a sustained block (K >= 2)")
+    ap.add_argument("--hold", type=float, default=0.0, help="seconds a held window (0: none); needs nvidia-smi")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (the first step of a block is left out of its events), got {args.steps}")
@@ -118,14 +171,24 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     env = {k: os.environ.get(k, "") for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")}
     rows = []
-    for w, b, d in CONFIGS:
-        for r in probe(w, b, d, args.rounds, args.steps):
-            rows.append(dict(label=args.label, **env, **r))
-            print(rows[-1], flush=True)
+    smi, smi_log = None, None
+    if args.hold > 0:
+        smi_log = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
+                                "--format=csv,noheader,nounits", "-lms", "50", "-f", smi_log])
+    try:
+        for w, b, d in CONFIGS:
+            for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log):
+                rows.append(dict(label=args.label, **env, **r))
+                print(rows[-1], flush=True)
+    finally:
+        if smi is not None:
+            smi.terminate()
     write_csv(args.out, rows, metadata())
     print_table(rows, ["label", "width", "batch", "dtype", "mode", "forks", "iso_ms", "sus_ev_ms", "sus_wall_ms",
                        "sus_host_ms", "num_device_alloc_per_block", "num_alloc_retries_per_block",
-                       "seq_over_erase_iso_ms", "seq_over_erase_sus_ev_ms", "seq_over_erase_sus_wall_ms"])
+                       "seq_over_erase_iso_ms", "seq_over_erase_sus_ev_ms", "seq_over_erase_sus_wall_ms",
+                       "hold_ms_per_step", "sm_mhz", "power_w", "throttle", "seq_over_erase_hold_ms_per_step"])
 
 
 if __name__ == "__main__":
