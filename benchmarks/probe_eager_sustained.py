@@ -5,7 +5,8 @@
 bench_schedule's eager event rounds time one step of each variant, variants interleaved; its
 wall-clock blocks (--wall-steps) time K consecutive steps of one variant between two syncs.
 At w2048 b16384 the two disagree on erase / sequential (session 22: events 1.09, wall 1.03).
-This probe times, for sequential and erase (forking every step) with fused heads, in rounds:
+This probe times, for sequential and erase (forking every step) with fused heads, in rounds
+(--graphed: replays of each one's captured step instead):
   isolated   one step between two syncs, CUDA events around it (the GPU idle before it);
   sustained  K steps between two syncs: the wall clock a step, CUDA events around each step
              (the first step's left out), the host's time to issue a step, and the caching
@@ -79,7 +80,7 @@ def hold(runs, seconds, smi_log):
     return windows
 
 
-def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None):
+def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=False):
     dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
     model, inputs = with_heads(mlp_workload, "fused", width, batch, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -87,6 +88,9 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None):
     variants = {"sequential": Scheduler("sequential"), "erase": Scheduler("erase", adaptive=False)}
 
     def runner(sched):
+        if graphed:  # a replay of the captured step (capture warms up)
+            return sched.capture(step, *inputs, warmup=3)
+
         def run():
             with sched.step():
                 step(*inputs)
@@ -129,7 +133,8 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None):
                 a[k].append(st1[k] - st0[k])
     out = []
     for name, a in acc.items():
-        row = dict(width=width, batch=batch, dtype=dname, mode=name, forks=variants[name].last_forks)
+        row = dict(width=width, batch=batch, dtype=dname, exec="graph" if graphed else "eager", mode=name,
+                   forks=variants[name].last_forks)
         for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms", "sus_host_ms"):
             row[k] = statistics.median(a[k])
         for k in STATS:
@@ -163,9 +168,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=10, help="steps in a sustained block (K >= 2)")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds a held window (0: none); needs nvidia-smi")
+    ap.add_argument("--graphed", action="store_true", help="replays of each variant's captured step instead of eager steps")
+    ap.add_argument("--configs", default=",".join(f"{w}:{b}:{d}" for w, b, d in CONFIGS),
+                    help="MLP configs WIDTH:BATCH:tf32|bf16, comma-separated")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (the first step of a block is left out of its events), got {args.steps}")
+    try:
+        configs = [(int(w), int(b), d) for w, b, d in (c.split(":") for c in args.configs.split(","))]
+    except ValueError:
+        ap.error(f"--configs takes WIDTH:BATCH:DTYPE,... (e.g. 2048:16384:tf32), got {args.configs!r}")
+    if any(d not in ("tf32", "bf16") for *_, d in configs):
+        ap.error(f"--configs: the dtype of each config must be tf32 or bf16, got {args.configs!r}")
     if not torch.cuda.is_available():
         sys.exit("probe_eager_sustained.py needs a CUDA device (it times streams and the caching allocator)")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -177,15 +191,15 @@ def main():
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
                                 "--format=csv,noheader,nounits", "-lms", "50", "-f", smi_log])
     try:
-        for w, b, d in CONFIGS:
-            for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log):
+        for w, b, d in configs:
+            for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log, args.graphed):
                 rows.append(dict(label=args.label, **env, **r))
                 print(rows[-1], flush=True)
     finally:
         if smi is not None:
             smi.terminate()
     write_csv(args.out, rows, metadata())
-    print_table(rows, ["label", "width", "batch", "dtype", "mode", "forks", "iso_ms", "sus_ev_ms", "sus_wall_ms",
+    print_table(rows, ["label", "width", "batch", "dtype", "exec", "mode", "forks", "iso_ms", "sus_ev_ms", "sus_wall_ms",
                        "sus_host_ms", "num_device_alloc_per_block", "num_alloc_retries_per_block",
                        "seq_over_erase_iso_ms", "seq_over_erase_sus_ev_ms", "seq_over_erase_sus_wall_ms",
                        "hold_ms_per_step", "sm_mhz", "power_w", "throttle", "seq_over_erase_hold_ms_per_step"])

@@ -176,6 +176,9 @@ def plot_schedule(rows: list[dict], path: str):
               ("eager_erase_vs_seq", "erase / sequential (eager)"),
               ("eager_erase_vs_seq_paired", "erase / sequential (eager, paired: median of per-round ratios)"),
               ("eager_again_vs_seq_paired", "sequential / sequential again (eager A/A, paired)"),
+              ("eager_erase_vs_seq_wall", "erase / sequential (eager, wall clock of blocks of steps: a run's throughput)"),
+              ("eager_always_fork_vs_seq_wall", "erase forking every step / sequential (eager, wall clock)"),
+              ("eager_again_vs_seq_wall", "sequential / sequential again (eager A/A, wall clock)"),
               ("eager_again_vs_seq", "sequential / sequential again (eager A/A: the noise)")]
     series = [(k, lab) for k, lab in series if any(r.get(k) not in ("", None, "nan") for r in rs)]
     w = 0.8 / len(series)
@@ -187,6 +190,37 @@ def plot_schedule(rows: list[dict], path: str):
     ax.set_ylabel("speedup")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: never over a bar
     ax.set_title(f"Step-time speedups ({_gpu(rows)})", fontsize=9)
+    _save(fig, path)
+
+
+def plot_eager_sustained(rows: list[dict], path: str):
+    """probe_eager_sustained.py: erase / sequential (eager, or graphed replays) timed four ways per config (a lone step,
+    steps in a sustained block by events and by the wall clock, held windows), with each variant's
+    median SM clock in the held windows written over the bars."""
+    by = defaultdict(dict)
+    for r in rows:
+        by[(r.get("label", ""), r["width"], r["batch"], r["dtype"])][r["mode"]] = r
+    keys = [k for k in by if {"sequential", "erase"} <= set(by[k])]
+    series = [("iso_ms", "one step between syncs (events)"), ("sus_ev_ms", "sustained block (events a step)"),
+              ("sus_wall_ms", "sustained block (wall clock)"), ("hold_ms_per_step", "held window (wall clock)")]
+    series = [(c, lab) for c, lab in series if any(_f(by[k]["erase"], c) == _f(by[k]["erase"], c) for k in keys)]
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(keys)), 5))
+    w = 0.8 / len(series)
+    for i, (c, lab) in enumerate(series):
+        ax.bar([j + i * w for j in range(len(keys))],
+               [_f(by[k]["sequential"], c) / _f(by[k]["erase"], c) for k in keys], w, label=lab)
+    for j, k in enumerate(keys):
+        seq, er = _f(by[k]["sequential"], "sm_mhz"), _f(by[k]["erase"], "sm_mhz")
+        if seq == seq and er == er:
+            ax.text(j + 0.4 - w / 2, 1.12, f"SM MHz\nseq {seq:.0f}\nerase {er:.0f}", ha="center", fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(0.85, 1.2)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
+    ax.set_xticklabels([f"{lab} w{wd} b{b}\n{d}".strip() for lab, wd, b, d in keys], fontsize=7)
+    ex = " and ".join(sorted({r.get("exec") or "eager" for r in rows}))
+    ax.set_ylabel(f"{ex} erase (forking every step) / sequential: speedup")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(f"Erase ({ex}), one step vs a sustained run ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
 
@@ -362,6 +396,8 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
         plot_ce_path(rows, out)
     elif {"occupancy", "streams", "ms"} <= cols and "heads" not in cols:
         plot_sweep(rows, out)
+    elif {"iso_ms", "sus_wall_ms"} <= cols:
+        plot_eager_sustained(rows, out)
     elif "graph_erase_vs_seq" in cols:
         plot_schedule(rows, out)
     elif {"variant", "floor_us", "P"} <= cols:
