@@ -64,6 +64,20 @@ def _smi_samples(path: str) -> list[tuple[float, float, float, str]]:
     return out
 
 
+def held_stats(samples, windows, settle: float = 0.3) -> dict:
+    """The time a step over a variant's held windows [(t0, t1, steps)], and the median SM clock
+    and power and the most frequent throttle reasons of the samples inside them (each window's
+    first `settle` seconds left out)."""
+    out = dict(hold_ms_per_step=sum(t1 - t0 for t0, t1, _ in windows) * 1e3 / sum(n for *_, n in windows))
+    inside = [smp for smp in samples for t0, t1, _ in windows if t0 + settle <= smp[0] <= t1]
+    out["hold_samples"] = len(inside)
+    if inside:
+        out["sm_mhz"] = statistics.median(x[1] for x in inside)
+        out["power_w"] = statistics.median(x[2] for x in inside)
+        out["throttle"] = Counter(x[3] for x in inside).most_common(1)[0][0]
+    return out
+
+
 def hold(runs, seconds, smi_log):
     """Each variant runs steps back to back for `seconds`, twice, alternating; returns
     {name: [(t0, t1, steps)]} (host clock) for matching with nvidia-smi's samples."""
@@ -145,14 +159,7 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=
         time.sleep(0.2)  # nvidia-smi's last samples
         samples = _smi_samples(smi_log)
         for row in out:
-            ws = windows[row["mode"]]
-            row["hold_ms_per_step"] = sum(t1 - t0 for t0, t1, _ in ws) * 1e3 / sum(n for *_, n in ws)
-            inside = [smp for smp in samples for t0, t1, _ in ws if t0 + 0.3 <= smp[0] <= t1]
-            row["hold_samples"] = len(inside)
-            if inside:
-                row["sm_mhz"] = statistics.median(x[1] for x in inside)
-                row["power_w"] = statistics.median(x[2] for x in inside)
-                row["throttle"] = Counter(x[3] for x in inside).most_common(1)[0][0]
+            row.update(held_stats(samples, windows[row["mode"]]))
     seq, er = out
     for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms") + (("hold_ms_per_step",) if hold_s > 0 else ()):
         er["seq_over_erase_" + k] = seq[k] / er[k]

@@ -305,7 +305,9 @@ def test_plot_committed_results(tmp_path):
             if f.endswith(".csv") and f.split(".")[0] in ("local_head_quick", "sweep", "schedule_summary", "bench",
                                                           "quality_summary", "tune_dense_head", "partition",
                                                           "side_head_stream_s14d", "sched_s14g_summary", "early_update_s18",
-                                                          "bench_compile_s19d", "early_update_s19b")]
+                                                          "bench_compile_s19d", "early_update_s19b",
+                                                          "sched_s22a_eager_wall_summary", "eager_sustained_s22d_hold",
+                                                          "graphed_sustained_s22e")]
     assert csvs
     main(["plot", *csvs, "--out", str(tmp_path)])
     for c in csvs:
@@ -401,6 +403,45 @@ def test_bench_compile_rejects_bad_arguments(args, message):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_compile.py"), *args],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
+
+
+def test_probe_sustained_reads_nvidia_smi_samples(tmp_path):
+    # benchmarks/probe_eager_sustained.py: nvidia-smi's CSV lines parsed (others skipped), and each
+    # variant's held windows matched with the samples inside them after the settling time
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_eager_sustained.py")
+    spec = importlib.util.spec_from_file_location("probe_eager_sustained", path)
+    pr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pr)
+    log = tmp_path / "smi.csv"
+    log.write_text("2026/12/04 18:40:00.000, 1980, 300.5, 0x0000000000000000\n"
+                   "[Unknown Error]\n"
+                   "2026/12/04 18:40:01.000, 1800, 690.0, 0x0000000000000004\n"
+                   "2026/12/04 18:40:01.500, 1780, 694.0, 0x0000000000000004\n"
+                   "2026/12/04 18:40:02.000, 1900, 650.0, 0x0000000000000000\n")
+    samples = pr._smi_samples(str(log))
+    assert [s[1] for s in samples] == [1980, 1800, 1780, 1900]
+    t = samples[0][0]
+    # one window [t, t+1.6] with 8 steps (the first 0.3 s skipped), one [t+1.9, t+2.1] with 2
+    got = pr.held_stats(samples, [(t, t + 1.6, 8), (t + 1.9, t + 2.1, 2)])
+    assert got["hold_ms_per_step"] == pytest.approx(1.8e3 / 10)
+    assert got["hold_samples"] == 2 and got["sm_mhz"] == 1790 and got["power_w"] == 692
+    assert got["throttle"] == "0x0000000000000004"
+    assert "sm_mhz" not in pr.held_stats(samples, [(t + 10, t + 11, 1)])  # no sample inside: no clock
+
+
+@pytest.mark.parametrize("args, message", [(["--configs", "2048:16384"], "--configs takes WIDTH:BATCH:DTYPE"),
+                                           (["--configs", "2048:16384:fp16"], "must be tf32 or bf16"),
+                                           (["--steps", "1"], "--steps must be >= 2")])
+def test_probe_sustained_rejects_bad_arguments(args, message):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "probe_eager_sustained.py"), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
 
