@@ -7,7 +7,8 @@ SGD) in tf32 and bf16, and the six-layer transformer (erase_triton.models). Medi
 step time from CUDA events: graphed steps one mode at a time, eager steps with the modes
 interleaved on one model (`time_eager_modes`), with a paired estimate (the median over
 rounds of sequential's time / each variant's in the same round); peak memory of the eager
-step. --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free
+step. An event round times one step, not a run: for a run's throughput add --wall-steps K (blocks of K
+steps of one variant, by the wall clock; at w >= 1024 b16384 the two differ, see probe_sustained.py). --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free
 heads bounds what any head implementation can buy; each config gets two such rows: "free" sends a
 constant gradient into the block, "free-replayed" the first step's real head gradient, so the block's
 backward GEMMs multiply the same kind of data as with a real head (a constant toggles few bits and

@@ -193,8 +193,8 @@ def plot_schedule(rows: list[dict], path: str):
     _save(fig, path)
 
 
-def plot_eager_sustained(rows: list[dict], path: str):
-    """probe_eager_sustained.py: erase / sequential (eager steps, or graphed replays) timed four ways
+def plot_sustained(rows: list[dict], path: str):
+    """probe_sustained.py: erase / sequential (eager steps, or graphed replays) timed four ways
     per config (a lone step, steps in a sustained block by events and by the wall clock, held
     windows), with each variant's median SM clock in the held windows written over the bars."""
     by = defaultdict(dict)
@@ -210,12 +210,13 @@ def plot_eager_sustained(rows: list[dict], path: str):
     for i, (c, lab) in enumerate(series):
         ax.bar([j + i * w for j in range(len(keys))], vals[c], w, label=lab)
     top = [max((v[j] for v in vals.values() if v[j] == v[j]), default=1.0) for j in range(len(keys))]
+    low = min((x for v in vals.values() for x in v if x == x), default=1.0)
     for j, k in enumerate(keys):
         seq, er = _f(by[k]["sequential"], "sm_mhz"), _f(by[k]["erase"], "sm_mhz")
         if seq == seq and er == er:
             ax.text(j + 0.4 - w / 2, top[j] + 0.01, f"SM MHz\nseq {seq:.0f}\nerase {er:.0f}", ha="center", fontsize=7)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_ylim(min(0.85, min(min(v) for v in vals.values()) - 0.03), max(1.2, max(top) + 0.1))
+    ax.set_ylim(min(0.85, low - 0.03), max(1.2, max(top) + 0.1))
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
     ax.set_xticklabels([f"{lab} w{wd} b{b}\n{d}".strip() for lab, wd, b, d in keys], fontsize=7)
     ex = " and ".join(sorted({r.get("exec") or "eager" for r in rows}))
@@ -398,7 +399,7 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     elif {"occupancy", "streams", "ms"} <= cols and "heads" not in cols:
         plot_sweep(rows, out)
     elif {"iso_ms", "sus_wall_ms"} <= cols:
-        plot_eager_sustained(rows, out)
+        plot_sustained(rows, out)
     elif "graph_erase_vs_seq" in cols:
         plot_schedule(rows, out)
     elif {"variant", "floor_us", "P"} <= cols:

@@ -408,12 +408,12 @@ def test_bench_compile_rejects_bad_arguments(args, message):
 
 
 def test_probe_sustained_reads_nvidia_smi_samples(tmp_path):
-    # benchmarks/probe_eager_sustained.py: nvidia-smi's CSV lines parsed (others skipped), and each
+    # benchmarks/probe_sustained.py: nvidia-smi's CSV lines parsed (others skipped), and each
     # variant's held windows matched with the samples inside them after the settling time
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_eager_sustained.py")
-    spec = importlib.util.spec_from_file_location("probe_eager_sustained", path)
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_sustained.py")
+    spec = importlib.util.spec_from_file_location("probe_sustained", path)
     pr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pr)
     log = tmp_path / "smi.csv"
@@ -441,7 +441,7 @@ def test_probe_sustained_rejects_bad_arguments(args, message):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "probe_eager_sustained.py"), *args],
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "probe_sustained.py"), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
 

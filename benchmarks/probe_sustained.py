@@ -1,6 +1,7 @@
-"""Why eager erase gains less in a sustained run than one step timed alone (session 22).
+"""Erase against sequential: one step timed alone vs a sustained run, with the SM clock and power.
 
-    python benchmarks/probe_eager_sustained.py [--out CSV] [--label NAME] [--rounds R] [--steps K]
+    python benchmarks/probe_sustained.py [--out CSV] [--label NAME] [--rounds R] [--steps K] [--hold S]
+                                         [--graphed] [--configs W:B:DTYPE,...]
 
 bench_schedule's eager event rounds time one step of each variant, variants interleaved; its
 wall-clock blocks (--wall-steps) time K consecutive steps of one variant between two syncs.
@@ -16,6 +17,8 @@ CUDA_DEVICE_MAX_CONNECTIONS=32 or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:Tr
 --hold S: afterwards, each variant runs steps for S seconds at a time (sequential, erase, twice), with
 nvidia-smi sampling the SM clock, power draw and throttle reasons every 50 ms; the rows get the
 median clock and power inside each variant's windows (their first 0.3 s left out) and the time a step.
+Session 22's finding (docs/results.md, "Sustained runs and the power cap"): from w1024 b16384 up, a run
+holds the H200 at its 700 W cap and erase's clock drops 5-7%, so a lone step overstates its gain there.
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def held_stats(samples, windows, settle: float = 0.3) -> dict:
     return out
 
 
-def hold(runs, seconds, smi_log):
+def hold(runs, seconds):
     """Each variant runs steps back to back for `seconds`, twice, alternating; returns
     {name: [(t0, t1, steps)]} (host clock) for matching with nvidia-smi's samples."""
     windows = {n: [] for n in runs}
@@ -155,7 +158,7 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=
             row[k + "_per_block"] = sum(a[k]) / len(a[k])
         out.append(row)
     if hold_s > 0:
-        windows = hold(runs, hold_s, smi_log)
+        windows = hold(runs, hold_s)
         time.sleep(0.2)  # nvidia-smi's last samples
         samples = _smi_samples(smi_log)
         for row in out:
@@ -188,15 +191,18 @@ def main():
     if any(d not in ("tf32", "bf16") for *_, d in configs):
         ap.error(f"--configs: the dtype of each config must be tf32 or bf16, got {args.configs!r}")
     if not torch.cuda.is_available():
-        sys.exit("probe_eager_sustained.py needs a CUDA device (it times streams and the caching allocator)")
+        sys.exit("probe_sustained.py needs a CUDA device (it times streams and the caching allocator)")
     torch.backends.cuda.matmul.allow_tf32 = True
     env = {k: os.environ.get(k, "") for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")}
     rows = []
     smi, smi_log = None, None
     if args.hold > 0:
         smi_log = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
-                                "--format=csv,noheader,nounits", "-lms", "50", "-f", smi_log])
+        try:
+            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
+                                    "--format=csv,noheader,nounits", "-lms", "50", "-f", smi_log])
+        except FileNotFoundError:
+            ap.error("--hold samples the SM clock and power with nvidia-smi, which is not on PATH")
     try:
         for w, b, d in configs:
             for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log, args.graphed):
@@ -205,6 +211,8 @@ def main():
     finally:
         if smi is not None:
             smi.terminate()
+            smi.wait(timeout=10)
+            os.unlink(smi_log)
     write_csv(args.out, rows, metadata())
     print_table(rows, ["label", "width", "batch", "dtype", "exec", "mode", "forks", "iso_ms", "sus_ev_ms", "sus_wall_ms",
                        "sus_host_ms", "num_device_alloc_per_block", "num_alloc_retries_per_block",
