@@ -393,16 +393,20 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     assert (tmp_path / "q_summary.png").exists()
 
 
-@pytest.mark.parametrize("args, message", [(["--head-every", "2,4"], "--head-every: expected 1, 2, 3 or 6"),
-                                           (["--head-every", "x"], "--head-every: expected 1, 2, 3 or 6"),
-                                           (["--beside", "1.5"], "--beside: expected fractions in (0, 1]")])
-def test_bench_compile_rejects_bad_arguments(args, message):
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_compile.py", ["--head-every", "2,4"], "--head-every: expected 1, 2, 3 or 6"),
+    ("bench_compile.py", ["--head-every", "x"], "--head-every: expected 1, 2, 3 or 6"),
+    ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]"),
+    ("probe_sustained.py", ["--configs", "2048:16384"], "--configs takes WIDTH:BATCH:DTYPE"),
+    ("probe_sustained.py", ["--configs", "2048:16384:fp16"], "must be tf32 or bf16"),
+    ("probe_sustained.py", ["--steps", "1"], "--steps must be >= 2")])
+def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_compile.py"), *args],
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", script), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
 
@@ -431,19 +435,6 @@ def test_probe_sustained_reads_nvidia_smi_samples(tmp_path):
     assert got["hold_samples"] == 2 and got["sm_mhz"] == 1790 and got["power_w"] == 692
     assert got["throttle"] == "0x0000000000000004"
     assert "sm_mhz" not in pr.held_stats(samples, [(t + 10, t + 11, 1)])  # no sample inside: no clock
-
-
-@pytest.mark.parametrize("args, message", [(["--configs", "2048:16384"], "--configs takes WIDTH:BATCH:DTYPE"),
-                                           (["--configs", "2048:16384:fp16"], "must be tf32 or bf16"),
-                                           (["--steps", "1"], "--steps must be >= 2")])
-def test_probe_sustained_rejects_bad_arguments(args, message):
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "probe_sustained.py"), *args],
-                       capture_output=True, text=True)
-    assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
 
 
 def test_ab_summary_pairs_rows_over_rounds(tmp_path):
