@@ -8,8 +8,9 @@ step time from CUDA events: graphed steps one mode at a time, eager steps with t
 interleaved on one model (`time_eager_modes`), with a paired estimate (the median over
 rounds of sequential's time / each variant's in the same round); peak memory of the eager
 step. An event round times one step, not a run: for a run's throughput add --wall-steps K (blocks of K
-steps of one variant, by the wall clock; at w >= 1024 b16384 the two differ, see probe_sustained.py). --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free
-heads bounds what any head implementation can buy; each config gets two such rows: "free" sends a
+steps of one variant, by the wall clock; at w >= 1024 b16384 the two differ, see probe_sustained.py).
+--free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free heads
+bounds what any head implementation can buy; each config gets two such rows: "free" sends a
 constant gradient into the block, "free-replayed" the first step's real head gradient, so the block's
 backward GEMMs multiply the same kind of data as with a real head (a constant toggles few bits and
 can run faster on a power-limited GPU). --compiled-heads adds graphed erase with compiled PyTorch heads
@@ -384,7 +385,10 @@ def main():
                        "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
                        "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
                        "graph_erase_fused_ms_early", "graph_early_vs_erase", "graph_early_vs_e2e",
-                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio", "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired", "eager_erase_vs_seq_wall", "eager_always_fork_vs_seq_wall", "eager_again_vs_seq_wall", "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
+                       "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio",
+                       "graph_fused_vs_torch_heads_equal_prio", "eager_erase_vs_seq", "eager_erase_vs_seq_paired",
+                       "eager_erase_vs_seq_wall", "eager_always_fork_vs_seq_wall", "eager_again_vs_seq_wall",
+                       "eager_again_vs_seq_paired", "eager_equal_priority_vs_seq_paired", "eager_always_fork_vs_seq",
                        "eager_side_stream_vs_seq", "eager_again_vs_seq", "eager_host_ms_seq",
                        "eager_host_ms_erase"])
 

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton import Scheduler  # noqa: E402
-from erase_triton.study import mlp_workload, with_heads  # noqa: E402
+from erase_triton.study import _step_runner, mlp_workload, with_heads  # noqa: E402
 from erase_triton.train import training_step  # noqa: E402
 
 CONFIGS = [(2048, 16384, "tf32"), (2048, 16384, "bf16"), (1024, 16384, "tf32")]
@@ -104,18 +104,8 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=
     step = training_step(model, opt)
     variants = {"sequential": Scheduler("sequential"), "erase": Scheduler("erase", adaptive=False)}
 
-    def runner(sched):
-        if graphed:  # a replay of the captured step (capture warms up)
-            return sched.capture(step, *inputs, warmup=3)
-
-        def run():
-            with sched.step():
-                step(*inputs)
-        return run
-    runs = {n: runner(s) for n, s in variants.items()}
-    for run in runs.values():
-        for _ in range(3):
-            run()
+    # one step: a replay of the captured step, or an eager step in sched.step(); either warmed up
+    runs = {n: _step_runner(s, step, inputs, graphed) for n, s in variants.items()}
     torch.cuda.synchronize()
     acc = {n: {k: [] for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms", "sus_host_ms") + STATS} for n in runs}
     order, rng = list(runs), random.Random(0)

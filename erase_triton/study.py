@@ -353,8 +353,9 @@ def time_eager_modes(model, inputs, variants, iters: int = 40, lr: float = 1e-3,
     consecutive steps between two device syncs, timed by the host clock; `wall` is filled with
     {name: [ms a step of each round]}. That is a run's throughput: events time the GPU's share of a
     step, which in a host-bound step is not what a run of such steps takes (the host issues the
-    next step no sooner). Each block starts on an idle GPU and ends with a drain (~1/K of a step's
-    latency a step, alike for every variant).
+    next step no sooner). Each block starts on an idle GPU and ends with a drain, ~1/K of a lone
+    step's extra time a step; that extra differs by variant (session 22, w2048: ~1.6 ms for
+    sequential, ~0.35 ms for erase), so a small K leans slightly (~1% at K=10) towards erase.
     """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     step = training_step(model, opt)
