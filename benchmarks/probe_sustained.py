@@ -1,13 +1,14 @@
 """Erase against sequential: one step timed alone vs a sustained run, with the SM clock and power.
 
     python benchmarks/probe_sustained.py [--out CSV] [--label NAME] [--rounds R] [--steps K] [--hold S]
-                                         [--graphed] [--configs W:B:DTYPE,...]
+                                         [--graphed] [--model mlp|ctr] [--configs W:B:DTYPE,...]
+                                         [--modes sequential,erase] [--beside OCC[:PPS][:FIELD=INT],...]
 
 bench_schedule's eager event rounds time one step of each variant, variants interleaved; its
 wall-clock blocks (--wall-steps) time K consecutive steps of one variant between two syncs.
 At w2048 b16384 the two disagree on erase / sequential (session 22: events 1.09, wall 1.03).
-This probe times, for sequential and erase (forking every step) with fused heads, in rounds
-(--graphed: replays of each one's captured step instead):
+This probe times, for sequential and erase (forking every step) with fused heads (--modes adds e2e), in
+rounds (--graphed: replays of each one's captured step instead):
   isolated   one step between two syncs, CUDA events around it (the GPU idle before it);
   sustained  K steps between two syncs: the wall clock a step, CUDA events around each step
              (the first step's left out), the host's time to issue a step, and the caching
@@ -17,6 +18,10 @@ CUDA_DEVICE_MAX_CONNECTIONS=32 or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:Tr
 --hold S: afterwards, each variant runs steps for S seconds at a time (sequential, erase, twice), with
 nvidia-smi sampling the SM clock, power draw and throttle reasons every 50 ms; the rows get the
 median clock and power inside each variant's windows (their first 0.3 s left out) and the time a step.
+--model ctr: the DLRM-like CTR proxy of `erase-triton bench` (fp32 with TF32: DTYPE tf32) instead of the MLP proxy.
+--beside: the LaunchConfig of the heads beside the next segment, as in bench_schedule (one pass over the
+configs a setting; "" is the library's "auto"); rows carry it in column beside.
+Each row's <mode>_over_erase_<timing> is that mode's time over erase's (a speedup of erase).
 Session 22's finding (docs/results.md, "Sustained runs and the power cap"): from w1024 b16384 up, a run
 holds the H200 at its 700 W cap and erase's clock drops 5-7%, so a lone step overstates its gain there.
 """
@@ -36,13 +41,16 @@ from datetime import datetime
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_schedule import _config, _launch_configs  # noqa: E402
 from common import metadata, print_table, write_csv  # noqa: E402
 
 from erase_triton import Scheduler  # noqa: E402
-from erase_triton.study import _step_runner, mlp_workload, with_heads  # noqa: E402
+from erase_triton.study import _step_runner, ctr_workload, mlp_workload, with_heads  # noqa: E402
 from erase_triton.train import training_step  # noqa: E402
 
 CONFIGS = [(2048, 16384, "tf32"), (2048, 16384, "bf16"), (1024, 16384, "tf32")]
+MODES = ("e2e", "sequential", "erase")
+TIMINGS = ("iso_ms", "sus_ev_ms", "sus_wall_ms")
 STATS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
 
@@ -97,12 +105,22 @@ def hold(runs, seconds):
     return windows
 
 
-def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=False):
-    dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
-    model, inputs = with_heads(mlp_workload, "fused", width, batch, dtype)
+def build(model_name, width, batch, dname, beside=""):
+    """(model, inputs) of one config with fused heads, the side heads launched per `beside`."""
+    if model_name == "ctr":
+        model, inputs = with_heads(ctr_workload, "fused", width, batch)
+    else:
+        dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
+        model, inputs = with_heads(mlp_workload, "fused", width, batch, dtype)
+    return _launch_configs(model, beside, ""), inputs
+
+
+def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=False, model_name="mlp",
+          modes=("sequential", "erase"), beside=""):
+    model, inputs = build(model_name, width, batch, dname, beside)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     step = training_step(model, opt)
-    variants = {"sequential": Scheduler("sequential"), "erase": Scheduler("erase", adaptive=False)}
+    variants = {m: Scheduler("erase", adaptive=False) if m == "erase" else Scheduler(m) for m in modes}
 
     # one step: a replay of the captured step, or an eager step in sched.step(); either warmed up
     runs = {n: _step_runner(s, step, inputs, graphed) for n, s in variants.items()}
@@ -140,9 +158,9 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=
                 a[k].append(st1[k] - st0[k])
     out = []
     for name, a in acc.items():
-        row = dict(width=width, batch=batch, dtype=dname, exec="graph" if graphed else "eager", mode=name,
-                   forks=variants[name].last_forks)
-        for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms", "sus_host_ms"):
+        row = dict(model=model_name, width=width, batch=batch, dtype=dname, beside=beside,
+                   exec="graph" if graphed else "eager", mode=name, forks=variants[name].last_forks)
+        for k in TIMINGS + ("sus_host_ms",):
             row[k] = statistics.median(a[k])
         for k in STATS:
             row[k + "_per_block"] = sum(a[k]) / len(a[k])
@@ -153,9 +171,12 @@ def probe(width, batch, dname, rounds, steps, hold_s=0.0, smi_log=None, graphed=
         samples = _smi_samples(smi_log)
         for row in out:
             row.update(held_stats(samples, windows[row["mode"]]))
-    seq, er = out
-    for k in ("iso_ms", "sus_ev_ms", "sus_wall_ms") + (("hold_ms_per_step",) if hold_s > 0 else ()):
-        er["seq_over_erase_" + k] = seq[k] / er[k]
+    er = next(r for r in out if r["mode"] == "erase")
+    for r in out:
+        if r is not er:
+            short = "seq" if r["mode"] == "sequential" else r["mode"]
+            for k in TIMINGS + (("hold_ms_per_step",) if hold_s > 0 else ()):
+                er[f"{short}_over_erase_{k}"] = r[k] / er[k]
     del model, inputs
     torch.cuda.empty_cache()
     return out
@@ -169,9 +190,23 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="steps in a sustained block (K >= 2)")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds a held window (0: none); needs nvidia-smi")
     ap.add_argument("--graphed", action="store_true", help="replays of each variant's captured step instead of eager steps")
+    ap.add_argument("--model", default="mlp", choices=("mlp", "ctr"), help="the MLP proxy or the CTR proxy")
     ap.add_argument("--configs", default=",".join(f"{w}:{b}:{d}" for w, b, d in CONFIGS),
-                    help="MLP configs WIDTH:BATCH:tf32|bf16, comma-separated")
+                    help="configs WIDTH:BATCH:tf32|bf16, comma-separated (the CTR proxy: tf32 only)")
+    ap.add_argument("--modes", default="sequential,erase", help="comma-separated, of e2e,sequential,erase; erase and one more")
+    ap.add_argument("--beside", default="", help="OCC[:PPS][:FIELD=INT],...: the side heads' LaunchConfig per pass, "
+                    "as in bench_schedule ('' = the library's)")
     args = ap.parse_args()
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    if set(args.modes.split(",")) - set(MODES) or "erase" not in modes or len(modes) < 2:
+        ap.error(f"--modes takes erase and one or both of e2e,sequential, comma-separated; got {args.modes!r}")
+    besides = args.beside.split(",")
+    for b in besides:
+        try:
+            if b:
+                _config(b)
+        except (ValueError, TypeError) as e:
+            ap.error(f"--beside takes OCC[:PPS][:FIELD=INT],... (e.g. 0.25 or 0.125:two_pass=1), got {b!r}: {e}")
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (the first step of a block is left out of its events), got {args.steps}")
     try:
@@ -180,6 +215,8 @@ def main():
         ap.error(f"--configs takes WIDTH:BATCH:DTYPE,... (e.g. 2048:16384:tf32), got {args.configs!r}")
     if any(d not in ("tf32", "bf16") for *_, d in configs):
         ap.error(f"--configs: the dtype of each config must be tf32 or bf16, got {args.configs!r}")
+    if args.model == "ctr" and any(d != "tf32" for *_, d in configs):
+        ap.error(f"--configs: the CTR proxy runs in fp32 with TF32, so each config's dtype must be tf32, got {args.configs!r}")
     if not torch.cuda.is_available():
         sys.exit("probe_sustained.py needs a CUDA device (it times streams and the caching allocator)")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -194,20 +231,23 @@ def main():
         except FileNotFoundError:
             ap.error("--hold samples the SM clock and power with nvidia-smi, which is not on PATH")
     try:
-        for w, b, d in configs:
-            for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log, args.graphed):
-                rows.append(dict(label=args.label, **env, **r))
-                print(rows[-1], flush=True)
+        for bs in besides:
+            for w, b, d in configs:
+                for r in probe(w, b, d, args.rounds, args.steps, args.hold, smi_log, args.graphed, args.model,
+                               modes, bs):
+                    rows.append(dict(label=args.label, **env, **r))
+                    print(rows[-1], flush=True)
     finally:
         if smi is not None:
             smi.terminate()
             smi.wait(timeout=10)
             os.unlink(smi_log)
     write_csv(args.out, rows, metadata())
-    print_table(rows, ["label", "width", "batch", "dtype", "exec", "mode", "forks", "iso_ms", "sus_ev_ms", "sus_wall_ms",
-                       "sus_host_ms", "num_device_alloc_per_block", "num_alloc_retries_per_block",
-                       "seq_over_erase_iso_ms", "seq_over_erase_sus_ev_ms", "seq_over_erase_sus_wall_ms",
-                       "hold_ms_per_step", "sm_mhz", "power_w", "throttle", "seq_over_erase_hold_ms_per_step"])
+    ratios = [f"{'seq' if m == 'sequential' else m}_over_erase_{k}" for m in modes if m != "erase"
+              for k in TIMINGS + ("hold_ms_per_step",)]
+    print_table(rows, ["label", "model", "width", "batch", "dtype", "beside", "exec", "mode", "forks", "iso_ms",
+                       "sus_ev_ms", "sus_wall_ms", "sus_host_ms", "num_device_alloc_per_block",
+                       "num_alloc_retries_per_block", "hold_ms_per_step", "sm_mhz", "power_w", "throttle", *ratios])
 
 
 if __name__ == "__main__":

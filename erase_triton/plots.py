@@ -194,35 +194,43 @@ def plot_schedule(rows: list[dict], path: str):
 
 
 def plot_sustained(rows: list[dict], path: str):
-    """probe_sustained.py: erase / sequential (eager steps, or graphed replays) timed four ways
-    per config (a lone step, steps in a sustained block by events and by the wall clock, held
-    windows), with each variant's median SM clock in the held windows written over the bars."""
+    """probe_sustained.py: erase's speedup over sequential (and over e2e, in a second panel, where
+    the run has it), eager steps or graphed replays, timed four ways per config (a lone step, steps
+    in a sustained block by events and by the wall clock, held windows), with each variant's median
+    SM clock in the held windows written over the bars."""
     by = defaultdict(dict)
     for r in rows:
-        by[(r.get("label", ""), r["width"], r["batch"], r["dtype"])][r["mode"]] = r
-    keys = [k for k in by if {"sequential", "erase"} <= set(by[k])]
+        key = (r.get("label", ""), r.get("model") or "mlp", r.get("beside", ""), r["width"], r["batch"], r["dtype"])
+        by[key][r["mode"]] = r
+    bases = [b for b in ("sequential", "e2e") if any({b, "erase"} <= set(v) for v in by.values())]
     series = [("iso_ms", "one step between syncs (events)"), ("sus_ev_ms", "sustained block (events a step)"),
               ("sus_wall_ms", "sustained block (wall clock)"), ("hold_ms_per_step", "held window (wall clock)")]
-    series = [(c, lab) for c, lab in series if any(_f(by[k]["erase"], c) == _f(by[k]["erase"], c) for k in keys)]
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(keys)), 5))
-    w = 0.8 / len(series)
-    vals = {c: [_f(by[k]["sequential"], c) / _f(by[k]["erase"], c) for k in keys] for c, _ in series}
-    for i, (c, lab) in enumerate(series):
-        ax.bar([j + i * w for j in range(len(keys))], vals[c], w, label=lab)
-    top = [max((v[j] for v in vals.values() if v[j] == v[j]), default=1.0) for j in range(len(keys))]
-    low = min((x for v in vals.values() for x in v if x == x), default=1.0)
-    for j, k in enumerate(keys):
-        seq, er = _f(by[k]["sequential"], "sm_mhz"), _f(by[k]["erase"], "sm_mhz")
-        if seq == seq and er == er:
-            ax.text(j + 0.4 - w / 2, top[j] + 0.01, f"SM MHz\nseq {seq:.0f}\nerase {er:.0f}", ha="center", fontsize=7)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_ylim(min(0.85, low - 0.03), max(1.2, max(top) + 0.1))
-    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
-    ax.set_xticklabels([f"{lab} w{wd} b{b}\n{d}".strip() for lab, wd, b, d in keys], fontsize=7)
+    series = [(c, lab) for c, lab in series if any(_f(v["erase"], c) == _f(v["erase"], c) for v in by.values()
+                                                    if "erase" in v)]
+    ncols = max(len([k for k in by if {b, "erase"} <= set(by[k])]) for b in bases)
+    fig, axes = plt.subplots(len(bases), 1, figsize=(max(7, 1.6 * ncols), 5 * len(bases)), squeeze=False)
     ex = " and ".join(sorted({r.get("exec") or "eager" for r in rows}))
-    ax.set_ylabel(f"{ex} erase (forking every step) / sequential: speedup")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a bar
-    ax.set_title(f"Erase ({ex}), one step vs a sustained run ({_gpu(rows)})", fontsize=9)
+    w = 0.8 / len(series)
+    for ax, base in zip(axes[:, 0], bases):
+        keys = [k for k in by if {base, "erase"} <= set(by[k])]
+        vals = {c: [_f(by[k][base], c) / _f(by[k]["erase"], c) for k in keys] for c, _ in series}
+        for i, (c, lab) in enumerate(series):
+            ax.bar([j + i * w for j in range(len(keys))], vals[c], w, label=lab)
+        top = [max((v[j] for v in vals.values() if v[j] == v[j]), default=1.0) for j in range(len(keys))]
+        low = min((x for v in vals.values() for x in v if x == x), default=1.0)
+        for j, k in enumerate(keys):
+            b, er = _f(by[k][base], "sm_mhz"), _f(by[k]["erase"], "sm_mhz")
+            if b == b and er == er:
+                ax.text(j + 0.4 - w / 2, top[j] + 0.01, f"SM MHz\n{base[:3]} {b:.0f}\nerase {er:.0f}", ha="center",
+                        fontsize=7)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylim(min(0.85, low - 0.03), max(1.2, max(top) + 0.1))
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
+        ax.set_xticklabels([(f"{lab} " if lab else "") + (f"{m} " if m != "mlp" else "") + f"w{wd} b{bt}\n{d}"
+                            + (f" beside {bs}" if bs else "") for lab, m, bs, wd, bt, d in keys], fontsize=7)
+        ax.set_ylabel(f"{ex} erase (forking every step) / {base}: speedup")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a bar
+        ax.set_title(f"Erase ({ex}) over {base}, one step vs a sustained run ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
 

@@ -399,7 +399,12 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]"),
     ("probe_sustained.py", ["--configs", "2048:16384"], "--configs takes WIDTH:BATCH:DTYPE"),
     ("probe_sustained.py", ["--configs", "2048:16384:fp16"], "must be tf32 or bf16"),
-    ("probe_sustained.py", ["--steps", "1"], "--steps must be >= 2")])
+    ("probe_sustained.py", ["--steps", "1"], "--steps must be >= 2"),
+    ("probe_sustained.py", ["--modes", "e2e,sequential"], "--modes takes erase and one or both"),
+    ("probe_sustained.py", ["--modes", "erase,seq"], "--modes takes erase and one or both"),
+    ("probe_sustained.py", ["--model", "ctr", "--configs", "512:4096:bf16"], "each config's dtype must be tf32"),
+    ("probe_sustained.py", ["--beside", "0.25,half"], "--beside takes OCC[:PPS][:FIELD=INT]"),
+    ("probe_sustained.py", ["--beside", "0.25:warps=4"], "--beside takes OCC[:PPS][:FIELD=INT]")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
