@@ -226,11 +226,13 @@ def plot_sustained(rows: list[dict], path: str):
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_ylim(min(0.85, low - 0.03), max(1.2, max(top) + 0.1))
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
-        ax.set_xticklabels([(f"{lab} " if lab else "") + (f"{m} " if m != "mlp" else "") + f"w{wd} b{bt}\n{d}"
-                            + (f" beside {bs}" if bs else "") for lab, m, bs, wd, bt, d in keys], fontsize=7)
+        swept = any(k[2] for k in keys)  # a --beside sweep: name the library's setting too
+        ax.set_xticklabels([(f"{lab} " if lab and lab != m else "") + (f"{m} " if m != "mlp" else "")
+                            + f"w{wd} b{bt}\n{d}" + (f" beside {bs or 'auto'}" if swept else "")
+                            for lab, m, bs, wd, bt, d in keys], fontsize=7)
         ax.set_ylabel(f"{ex} erase (forking every step) / {base}: speedup")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a bar
-        ax.set_title(f"Erase ({ex}) over {base}, one step vs a sustained run ({_gpu(rows)})", fontsize=9)
+        ax.set_title(f"Erase ({ex}) over {base}, one step vs a sustained run\n{_gpu(rows)}", fontsize=9)
     _save(fig, path)
 
 
