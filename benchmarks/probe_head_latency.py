@@ -1,0 +1,122 @@
+"""Is a side head's cost to the graphed erase step its latency, or its work beside the forward?
+
+    python benchmarks/probe_head_latency.py [--configs W:B:DTYPE,...] [--delays-us 2,4,8,16] [--captures K]
+                                            [--out CSV]
+
+At MLP w512 the fused heads cost the graphed erase step 23-43 us over zero-cost heads (`FreeHead`), at w256
+nothing (session 23 NOTES). This probe puts pure latency in each head's place: a zero-cost head (replayed real
+gradient) that first runs `torch.cuda._sleep` on its stream, one thread spinning for X us (no SM contention, no
+bytes). If a delay near the fused head's own duration (6-15 us at 1/8 of the SMs) costs the step what fused
+heads cost, the heads' cost is latency on the backward chains, and only removing the launch (fusing the head
+into the producer GEMM's epilogue) would buy it back; if it costs much less, the cost is the heads' work beside
+the forward. Variants, graphed erase, ReLU in the block: PyTorch heads, fused heads, zero-cost heads, and
+zero-cost heads delayed by each X. Each variant is captured --captures times, alternating; a row is the median
+over its captures of the median replay.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import metadata, print_table, write_csv  # noqa: E402
+
+from erase_triton.study import FreeHead, _swap_heads, mlp_workload, time_step, with_heads  # noqa: E402
+
+CONFIGS = [(512, 1024, "tf32"), (512, 4096, "tf32"), (512, 4096, "bf16"), (256, 1024, "tf32")]
+
+
+class DelayedFreeHead(FreeHead):
+    """A zero-cost head (replayed gradient) that spins one GPU thread for `cycles` clock cycles on its
+    stream before back-propagating: a head's latency without its work."""
+
+    cycles = 0
+
+    def apply_loss(self, h, target, beside=False, act=None):
+        if self.cycles > 0:
+            torch.cuda._sleep(self.cycles)
+        return super().apply_loss(h, target, beside, act)
+
+
+def cycles_per_us() -> float:
+    """torch.cuda._sleep's cycles per microsecond on this GPU now (one long sleep timed by events)."""
+    n = 20_000_000
+    torch.cuda._sleep(n // 10)  # wake the clock
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(n)
+    e.record()
+    torch.cuda.synchronize()
+    return n / (s.elapsed_time(e) * 1e3)
+
+
+def build(width, batch, dname, variant, cycles_us: float):
+    dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
+    if variant.startswith("delay"):
+        model, inputs = with_heads(mlp_workload, "free-replayed", width, batch, dtype)
+        us = float(variant[len("delay"):])
+        _swap_heads(model, DelayedFreeHead, cycles=int(round(us * cycles_us)))
+        return model, inputs
+    return with_heads(mlp_workload, variant, width, batch, dtype)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default=",".join(f"{w}:{b}:{d}" for w, b, d in CONFIGS),
+                    help="MLP configs WIDTH:BATCH:tf32|bf16, comma-separated")
+    ap.add_argument("--delays-us", default="2,4,8,16", help="comma-separated delays a head, microseconds (> 0)")
+    ap.add_argument("--captures", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/head_latency.csv")
+    args = ap.parse_args(argv)
+    try:
+        args.configs = [(int(w), int(b), d) for w, b, d in (c.split(":") for c in args.configs.split(","))]
+    except ValueError:
+        ap.error(f"--configs takes WIDTH:BATCH:DTYPE,... (e.g. 512:1024:tf32), got {args.configs!r}")
+    if any(d not in ("tf32", "bf16") for *_, d in args.configs):
+        ap.error(f"--configs: the dtype of each config must be tf32 or bf16, got {args.configs!r}")
+    try:
+        args.delays_us = [float(x) for x in args.delays_us.split(",")]
+    except ValueError:
+        ap.error(f"--delays-us takes positive numbers, comma-separated, got {args.delays_us!r}")
+    if any(x <= 0 for x in args.delays_us):
+        ap.error(f"--delays-us takes positive numbers, comma-separated, got {args.delays_us!r}")
+    if args.captures < 1:
+        ap.error(f"--captures must be >= 1, got {args.captures}")
+    return args
+
+
+def main():
+    args = parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("probe_head_latency.py needs a CUDA device (it times captured steps)")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cpu = cycles_per_us()
+    print(f"torch.cuda._sleep: {cpu:.0f} cycles/us", flush=True)
+    variants = ["torch", "fused", "free-replayed"] + [f"delay{x:g}" for x in args.delays_us]
+    rows = []
+    for w, b, d in args.configs:
+        ms = {v: [] for v in variants}
+        for _ in range(args.captures):
+            for v in variants:
+                model, inputs = build(w, b, d, v, cpu)
+                ms[v].append(time_step(model, inputs, "erase", True)["ms"])
+                del model, inputs
+        free, torch_ms, fused = (statistics.median(ms[v]) for v in ("free-replayed", "torch", "fused"))
+        for v in variants:
+            m = statistics.median(ms[v])
+            rows.append(dict(width=w, batch=b, dtype=d, heads=v, delay_us=float(v[5:]) if v.startswith("delay") else "",
+                             ms=m, captures_ms=" ".join(f"{x:.4f}" for x in ms[v]), us_over_free=(m - free) * 1e3,
+                             share_of_fused_cost=(m - free) / (fused - free) if fused > free else float("nan"),
+                             torch_over=torch_ms / m, cycles_per_us=cpu))
+            print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    write_csv(args.out, rows, metadata())
+    print_table(rows, ["width", "batch", "dtype", "heads", "ms", "us_over_free", "share_of_fused_cost", "torch_over"])
+
+
+if __name__ == "__main__":
+    main()
