@@ -1,7 +1,7 @@
 """Is a side head's cost to the graphed erase step its latency, or its work beside the forward?
 
-    python benchmarks/probe_head_latency.py [--configs W:B:DTYPE,...] [--delays-us 2,4,8,16] [--captures K]
-                                            [--out CSV]
+    python benchmarks/probe_head_latency.py [--configs W:B:DTYPE,...] [--delays-us 2,4,8,16]
+                                            [--holds SMS:US,...] [--captures K] [--out CSV]
 
 At MLP w512 the fused heads cost the graphed erase step 23-43 us over zero-cost heads (`FreeHead`), at w256
 nothing (session 23 NOTES). This probe puts pure latency in each head's place: a zero-cost head (replayed real
@@ -12,6 +12,9 @@ into the producer GEMM's epilogue) would buy it back; if it costs much less, the
 the forward. Variants, graphed erase, ReLU in the block: PyTorch heads, fused heads, zero-cost heads, and
 zero-cost heads delayed by each X. Each variant is captured --captures times, alternating; a row is the median
 over its captures of the median replay.
+--holds SMS:US: zero-cost heads that first hold SMS SMs for US us each (a Triton spin of SMS programs of 1024
+threads, no bytes moved: a cuBLAS GEMM CTA cannot share an SM with one), i.e. a head's SM-time without its
+bytes. Holding as many SMs for as long as the fused head (16 SMs at 1/8) tells SM-time from bytes.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import metadata, print_table, write_csv  # noqa: E402
@@ -42,6 +47,48 @@ class DelayedFreeHead(FreeHead):
         return super().apply_loss(h, target, beside, act)
 
 
+@triton.jit
+def _hold_sm(out_ptr, iters, BLOCK: tl.constexpr):
+    """Each program spins a dependent FMA chain `iters` long on BLOCK lanes, then stores one value."""
+    x = tl.arange(0, BLOCK).to(tl.float32) * 1e-3 + tl.program_id(0)
+    for _ in range(iters):
+        x = x * 0.9990234375 + 1.0
+    tl.store(out_ptr + tl.program_id(0), tl.sum(x, 0))
+
+
+def hold_sms(sms: int, iters: int, out: torch.Tensor):
+    _hold_sm[(sms,)](out, iters, BLOCK=1024, num_warps=32)
+
+
+def iters_per_us() -> float:
+    """_hold_sm's loop iterations a microsecond on this GPU now (one long spin on one program)."""
+    out = torch.empty(1, device="cuda")
+    n = 200_000
+    hold_sms(1, n // 10, out)  # compile, wake the clock
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    hold_sms(1, n, out)
+    e.record()
+    torch.cuda.synchronize()
+    return n / (s.elapsed_time(e) * 1e3)
+
+
+class HoldingFreeHead(FreeHead):
+    """A zero-cost head (replayed gradient) that first holds `sms` SMs for `iters` spin iterations
+    on its stream: a head's SM-time without its bytes."""
+
+    sms = 0
+    iters = 0
+
+    def apply_loss(self, h, target, beside=False, act=None):
+        if self.sms > 0:
+            out = getattr(self, "_hold_out", None)
+            if out is None or out.numel() < self.sms:
+                out = self._hold_out = torch.empty(self.sms, device=h.device)
+            hold_sms(self.sms, self.iters, out)
+        return super().apply_loss(h, target, beside, act)
+
+
 def cycles_per_us() -> float:
     """torch.cuda._sleep's cycles per microsecond on this GPU now (one long sleep timed by events)."""
     n = 20_000_000
@@ -54,8 +101,13 @@ def cycles_per_us() -> float:
     return n / (s.elapsed_time(e) * 1e3)
 
 
-def build(width, batch, dname, variant, cycles_us: float):
+def build(width, batch, dname, variant, cycles_us: float, iters_us: float = 0.0):
     dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
+    if variant.startswith("hold"):
+        model, inputs = with_heads(mlp_workload, "free-replayed", width, batch, dtype)
+        sms, us = variant[len("hold"):].split(":")
+        _swap_heads(model, HoldingFreeHead, sms=int(sms), iters=max(1, int(round(float(us) * iters_us))))
+        return model, inputs
     if variant.startswith("delay"):
         model, inputs = with_heads(mlp_workload, "free-replayed", width, batch, dtype)
         us = float(variant[len("delay"):])
@@ -69,6 +121,8 @@ def parse_args(argv=None):
     ap.add_argument("--configs", default=",".join(f"{w}:{b}:{d}" for w, b, d in CONFIGS),
                     help="MLP configs WIDTH:BATCH:tf32|bf16, comma-separated")
     ap.add_argument("--delays-us", default="2,4,8,16", help="comma-separated delays a head, microseconds (> 0)")
+    ap.add_argument("--holds", default="16:6,16:12,132:1.5", help="SMS:US,...: heads that hold SMS SMs for US us "
+                    "('' for none)")
     ap.add_argument("--captures", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/head_latency.csv")
     args = ap.parse_args(argv)
@@ -84,6 +138,12 @@ def parse_args(argv=None):
         ap.error(f"--delays-us takes positive numbers, comma-separated, got {args.delays_us!r}")
     if any(x <= 0 for x in args.delays_us):
         ap.error(f"--delays-us takes positive numbers, comma-separated, got {args.delays_us!r}")
+    try:
+        args.holds = [(int(a), float(b)) for a, b in (x.split(":") for x in args.holds.split(",") if x)]
+    except ValueError:
+        ap.error(f"--holds takes SMS:US,... (e.g. 16:6,132:1.5), got {args.holds!r}")
+    if any(a < 1 or b <= 0 for a, b in args.holds):
+        ap.error(f"--holds takes SMS:US,... with SMS >= 1 and US > 0, got {args.holds!r}")
     if args.captures < 1:
         ap.error(f"--captures must be >= 1, got {args.captures}")
     return args
@@ -95,23 +155,27 @@ def main():
         sys.exit("probe_head_latency.py needs a CUDA device (it times captured steps)")
     torch.backends.cuda.matmul.allow_tf32 = True
     cpu = cycles_per_us()
-    print(f"torch.cuda._sleep: {cpu:.0f} cycles/us", flush=True)
-    variants = ["torch", "fused", "free-replayed"] + [f"delay{x:g}" for x in args.delays_us]
+    ipu = iters_per_us()
+    print(f"torch.cuda._sleep: {cpu:.0f} cycles/us; _hold_sm: {ipu:.1f} iterations/us", flush=True)
+    variants = (["torch", "fused", "free-replayed"] + [f"delay{x:g}" for x in args.delays_us]
+                + [f"hold{a}:{b:g}" for a, b in args.holds])
     rows = []
     for w, b, d in args.configs:
         ms = {v: [] for v in variants}
         for _ in range(args.captures):
             for v in variants:
-                model, inputs = build(w, b, d, v, cpu)
+                model, inputs = build(w, b, d, v, cpu, ipu)
                 ms[v].append(time_step(model, inputs, "erase", True)["ms"])
                 del model, inputs
         free, torch_ms, fused = (statistics.median(ms[v]) for v in ("free-replayed", "torch", "fused"))
         for v in variants:
             m = statistics.median(ms[v])
+            hold = v[4:].split(":") if v.startswith("hold") else ("", "")
             rows.append(dict(width=w, batch=b, dtype=d, heads=v, delay_us=float(v[5:]) if v.startswith("delay") else "",
+                             hold_sms=hold[0], hold_us=hold[1],
                              ms=m, captures_ms=" ".join(f"{x:.4f}" for x in ms[v]), us_over_free=(m - free) * 1e3,
                              share_of_fused_cost=(m - free) / (fused - free) if fused > free else float("nan"),
-                             torch_over=torch_ms / m, cycles_per_us=cpu))
+                             torch_over=torch_ms / m, cycles_per_us=cpu, iters_per_us=ipu))
             print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     write_csv(args.out, rows, metadata())

@@ -407,7 +407,9 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("probe_sustained.py", ["--beside", "0.25:warps=4"], "--beside takes OCC[:PPS][:FIELD=INT]"),
     ("probe_head_latency.py", ["--delays-us", "4,0"], "--delays-us takes positive numbers"),
     ("probe_head_latency.py", ["--configs", "512:1024:fp16"], "must be tf32 or bf16"),
-    ("probe_head_latency.py", ["--captures", "0"], "--captures must be >= 1")])
+    ("probe_head_latency.py", ["--captures", "0"], "--captures must be >= 1"),
+    ("probe_head_latency.py", ["--holds", "16:6,0:2"], "--holds takes SMS:US"),
+    ("probe_head_latency.py", ["--holds", "16"], "--holds takes SMS:US")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
