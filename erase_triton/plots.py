@@ -386,6 +386,34 @@ def plot_side_head_stream(rows: list[dict], path: str):
     _save(fig, path)
 
 
+def plot_head_latency(rows: list[dict], path: str):
+    """probe_head_latency.py: what each kind of head adds to the graphed erase step over zero-cost
+    heads (µs), per config: PyTorch and fused heads against zero-cost heads that only wait
+    (delay) or only hold SMs (hold SMS:US), and the step time a 1.15x target would allow."""
+    cfgs = list(dict.fromkeys((r["width"], r["batch"], r["dtype"]) for r in rows))
+    kinds = [v for v in dict.fromkeys(r["heads"] for r in rows) if v != "free-replayed"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(cfgs) * len(kinds) / 4), 4.5))
+    w = 0.85 / len(kinds)
+    for i, v in enumerate(kinds):
+        vals = [next((_f(r, "us_over_free") for r in rows if (r["width"], r["batch"], r["dtype"]) == k
+                      and r["heads"] == v), float("nan")) for k in cfgs]
+        ax.bar([j + i * w for j in range(len(cfgs))], vals, w, label=v.replace("hold", "hold SMs:us ")
+               .replace("delay", "delay us "))
+    for j, k in enumerate(cfgs):  # what the step may add over zero-cost heads for fused / PyTorch = 1.15
+        byv = {r["heads"]: _f(r, "ms") for r in rows if (r["width"], r["batch"], r["dtype"]) == k}
+        if {"torch", "free-replayed"} <= set(byv):
+            budget = (byv["torch"] / 1.15 - byv["free-replayed"]) * 1e3
+            ax.plot([j - w / 2, j + 0.85 - w / 2], [budget, budget], "k--", lw=1,
+                    label="budget for 1.15x" if j == 0 else None)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.425 - w / 2 for j in range(len(cfgs))])
+    ax.set_xticklabels([f"MLP w{a} b{b}\n{d}" for a, b, d in cfgs], fontsize=8)
+    ax.set_ylabel("graphed erase step over zero-cost heads (µs)")
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title(f"What a head costs the step: latency, SM-time or both\n{_gpu(rows)}", fontsize=9)
+    _save(fig, path)
+
+
 def plot_file(csv_path: str, out_dir: str | None = None) -> str:
     """Draw the plot that fits a result CSV's columns; returns the PNG path."""
     from .study import read_csv
@@ -408,6 +436,8 @@ def plot_file(csv_path: str, out_dir: str | None = None) -> str:
         plot_ce_path(rows, out)
     elif {"occupancy", "streams", "ms"} <= cols and "heads" not in cols:
         plot_sweep(rows, out)
+    elif {"heads", "us_over_free"} <= cols:
+        plot_head_latency(rows, out)
     elif {"iso_ms", "sus_wall_ms"} <= cols:
         plot_sustained(rows, out)
     elif "graph_erase_vs_seq" in cols:

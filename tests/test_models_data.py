@@ -307,7 +307,7 @@ def test_plot_committed_results(tmp_path):
                                                           "side_head_stream_s14d", "sched_s14g_summary", "early_update_s18",
                                                           "bench_compile_s19d", "early_update_s19b",
                                                           "sched_s22a_eager_wall_summary", "eager_sustained_s22d_hold",
-                                                          "graphed_sustained_s22e", "ctr_sustained_s23a")]
+                                                          "graphed_sustained_s22e", "ctr_sustained_s23a", "head_latency_s23c")]
     assert csvs
     main(["plot", *csvs, "--out", str(tmp_path)])
     for c in csvs:
