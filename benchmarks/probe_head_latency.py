@@ -60,17 +60,22 @@ def hold_sms(sms: int, iters: int, out: torch.Tensor):
     _hold_sm[(sms,)](out, iters, BLOCK=1024, num_warps=32)
 
 
-def iters_per_us() -> float:
-    """_hold_sm's loop iterations a microsecond on this GPU now (one long spin on one program)."""
-    out = torch.empty(1, device="cuda")
-    n = 200_000
-    hold_sms(1, n // 10, out)  # compile, wake the clock
+def _per_us(launch, n: int) -> float:
+    """launch(n)'s n a microsecond on this GPU now: one long launch timed by events, after a short
+    one (compiles, wakes the clock)."""
+    launch(n // 10)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
-    hold_sms(1, n, out)
+    launch(n)
     e.record()
     torch.cuda.synchronize()
     return n / (s.elapsed_time(e) * 1e3)
+
+
+def iters_per_us() -> float:
+    """_hold_sm's loop iterations a microsecond (one program)."""
+    out = torch.empty(1, device="cuda")
+    return _per_us(lambda n: hold_sms(1, n, out), 200_000)
 
 
 class HoldingFreeHead(FreeHead):
@@ -90,15 +95,8 @@ class HoldingFreeHead(FreeHead):
 
 
 def cycles_per_us() -> float:
-    """torch.cuda._sleep's cycles per microsecond on this GPU now (one long sleep timed by events)."""
-    n = 20_000_000
-    torch.cuda._sleep(n // 10)  # wake the clock
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    torch.cuda._sleep(n)
-    e.record()
-    torch.cuda.synchronize()
-    return n / (s.elapsed_time(e) * 1e3)
+    """torch.cuda._sleep's clock cycles a microsecond."""
+    return _per_us(torch.cuda._sleep, 20_000_000)
 
 
 def build(width, batch, dname, variant, cycles_us: float, iters_us: float = 0.0):

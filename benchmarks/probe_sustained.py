@@ -1,4 +1,4 @@
-"""Erase against sequential: one step timed alone vs a sustained run, with the SM clock and power.
+"""Erase against sequential (and e2e): one step timed alone vs a sustained run, with the SM clock and power.
 
     python benchmarks/probe_sustained.py [--out CSV] [--label NAME] [--rounds R] [--steps K] [--hold S]
                                          [--graphed] [--model mlp|ctr] [--configs W:B:DTYPE,...]
@@ -15,7 +15,7 @@ rounds (--graphed: replays of each one's captured step instead):
              allocator's cudaMalloc / cudaFree calls and retries in the block.
 Run it under different environments (--label names the run in the CSV; one CSV a run), e.g.
 CUDA_DEVICE_MAX_CONNECTIONS=32 or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
---hold S: afterwards, each variant runs steps for S seconds at a time (sequential, erase, twice), with
+--hold S: afterwards, each variant runs steps for S seconds at a time (each in turn, twice), with
 nvidia-smi sampling the SM clock, power draw and throttle reasons every 50 ms; the rows get the
 median clock and power inside each variant's windows (their first 0.3 s left out) and the time a step.
 --model ctr: the DLRM-like CTR proxy of `erase-triton bench` (fp32 with TF32: DTYPE tf32) instead of the MLP proxy.

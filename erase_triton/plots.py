@@ -203,6 +203,8 @@ def plot_sustained(rows: list[dict], path: str):
         key = (r.get("label", ""), r.get("model") or "mlp", r.get("beside", ""), r["width"], r["batch"], r["dtype"])
         by[key][r["mode"]] = r
     bases = [b for b in ("sequential", "e2e") if any({b, "erase"} <= set(v) for v in by.values())]
+    if not bases:
+        raise ValueError("plot_sustained needs erase rows and sequential or e2e rows of the same config")
     series = [("iso_ms", "one step between syncs (events)"), ("sus_ev_ms", "sustained block (events a step)"),
               ("sus_wall_ms", "sustained block (wall clock)"), ("hold_ms_per_step", "held window (wall clock)")]
     series = [(c, lab) for c, lab in series if any(_f(v["erase"], c) == _f(v["erase"], c) for v in by.values()
