@@ -99,19 +99,23 @@ def cycles_per_us() -> float:
     return _per_us(torch.cuda._sleep, 20_000_000)
 
 
-def build(width, batch, dname, variant, cycles_us: float, iters_us: float = 0.0):
+def variants(delays_us, holds, cycles_us: float, iters_us: float) -> list[tuple]:
+    """(label, heads for `with_heads`, head class to swap in or None, its attributes, CSV columns) a variant."""
+    out = [(v, v, None, {}, {}) for v in ("torch", "fused", "free-replayed")]
+    out += [(f"delay{x:g}", "free-replayed", DelayedFreeHead, dict(cycles=int(round(x * cycles_us))), dict(delay_us=x))
+            for x in delays_us]
+    out += [(f"hold{n}:{x:g}", "free-replayed", HoldingFreeHead, dict(sms=n, iters=max(1, int(round(x * iters_us)))),
+             dict(hold_sms=n, hold_us=x)) for n, x in holds]
+    return out
+
+
+def build(width, batch, dname, heads, cls=None, **attrs):
+    """(model, inputs) of the MLP proxy with `heads`, each head then made a `cls` with attrs (if cls)."""
     dtype = {"tf32": torch.float32, "bf16": torch.bfloat16}[dname]
-    if variant.startswith("hold"):
-        model, inputs = with_heads(mlp_workload, "free-replayed", width, batch, dtype)
-        sms, us = variant[len("hold"):].split(":")
-        _swap_heads(model, HoldingFreeHead, sms=int(sms), iters=max(1, int(round(float(us) * iters_us))))
-        return model, inputs
-    if variant.startswith("delay"):
-        model, inputs = with_heads(mlp_workload, "free-replayed", width, batch, dtype)
-        us = float(variant[len("delay"):])
-        _swap_heads(model, DelayedFreeHead, cycles=int(round(us * cycles_us)))
-        return model, inputs
-    return with_heads(mlp_workload, variant, width, batch, dtype)
+    model, inputs = with_heads(mlp_workload, heads, width, batch, dtype)
+    if cls is not None:
+        _swap_heads(model, cls, **attrs)
+    return model, inputs
 
 
 def parse_args(argv=None):
@@ -155,23 +159,21 @@ def main():
     cpu = cycles_per_us()
     ipu = iters_per_us()
     print(f"torch.cuda._sleep: {cpu:.0f} cycles/us; _hold_sm: {ipu:.1f} iterations/us", flush=True)
-    variants = (["torch", "fused", "free-replayed"] + [f"delay{x:g}" for x in args.delays_us]
-                + [f"hold{a}:{b:g}" for a, b in args.holds])
+    runs = variants(args.delays_us, args.holds, cpu, ipu)
     rows = []
     for w, b, d in args.configs:
-        ms = {v: [] for v in variants}
+        ms = {label: [] for label, *_ in runs}
         for _ in range(args.captures):
-            for v in variants:
-                model, inputs = build(w, b, d, v, cpu, ipu)
-                ms[v].append(time_step(model, inputs, "erase", True)["ms"])
+            for label, heads, cls, attrs, _cols in runs:
+                model, inputs = build(w, b, d, heads, cls, **attrs)
+                ms[label].append(time_step(model, inputs, "erase", True)["ms"])
                 del model, inputs
         free, torch_ms, fused = (statistics.median(ms[v]) for v in ("free-replayed", "torch", "fused"))
-        for v in variants:
-            m = statistics.median(ms[v])
-            hold = v[4:].split(":") if v.startswith("hold") else ("", "")
-            rows.append(dict(width=w, batch=b, dtype=d, heads=v, delay_us=float(v[5:]) if v.startswith("delay") else "",
-                             hold_sms=hold[0], hold_us=hold[1],
-                             ms=m, captures_ms=" ".join(f"{x:.4f}" for x in ms[v]), us_over_free=(m - free) * 1e3,
+        for label, *_, cols in runs:
+            m = statistics.median(ms[label])
+            rows.append(dict(width=w, batch=b, dtype=d, heads=label, **{"delay_us": "", "hold_sms": "", "hold_us": "",
+                                                                         **cols},
+                             ms=m, captures_ms=" ".join(f"{x:.4f}" for x in ms[label]), us_over_free=(m - free) * 1e3,
                              share_of_fused_cost=(m - free) / (fused - free) if fused > free else float("nan"),
                              torch_over=torch_ms / m, cycles_per_us=cpu, iters_per_us=ipu))
             print(rows[-1], flush=True)

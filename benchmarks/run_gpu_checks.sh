@@ -20,8 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for p in $PARTS; do
   echo "=== $p $(date +%T)"
   case $p in
-    # tests: all of test_gpu.py (56, ~3.5 min on a cold machine); ktests: the interpreter suite's kernel cases on CUDA
-    # (~70, ~4.5 min). Session 13: the two in one part needed more than 420 s.
+    # tests: all of test_gpu.py (56, ~4 min on a cold machine); ktests: the interpreter suite's kernel cases on CUDA
+    # (93, ~6 min on a warm machine). Session 13: the two in one part needed more than 420 s.
     tests)    timeout ${T_TESTS:-420} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_gpu.py \
                 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -30 ;;
     ktests)   timeout ${T_KTESTS:-540} python3 -P -m pytest -q -p no:cacheprovider --timeout 100 -rf tests/test_local_head.py \

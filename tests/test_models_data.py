@@ -447,6 +447,23 @@ def test_probe_sustained_reads_nvidia_smi_samples(tmp_path):
     assert "sm_mhz" not in pr.held_stats(samples, [(t + 10, t + 11, 1)])  # no sample inside: no clock
 
 
+def test_probe_head_latency_variants(tmp_path):
+    # benchmarks/probe_head_latency.py: each variant's label, heads, head class and attributes, from the
+    # delays and holds asked for and the measured rates (cycles and spin iterations a microsecond)
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_head_latency.py")
+    spec = importlib.util.spec_from_file_location("probe_head_latency", path)
+    pr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pr)
+    runs = pr.variants([2.0, 16.0], [(16, 6.0), (132, 1.5)], cycles_us=1970.0, iters_us=130.0)
+    assert [r[0] for r in runs] == ["torch", "fused", "free-replayed", "delay2", "delay16", "hold16:6", "hold132:1.5"]
+    assert all(r[1] == r[0] and r[2] is None for r in runs[:3])
+    assert runs[3][1:] == ("free-replayed", pr.DelayedFreeHead, {"cycles": 3940}, {"delay_us": 2.0})
+    assert runs[6][1:] == ("free-replayed", pr.HoldingFreeHead, {"sms": 132, "iters": 195},
+                           {"hold_sms": 132, "hold_us": 1.5})
+
+
 def test_ab_summary_pairs_rows_over_rounds(tmp_path):
     # benchmarks/ab_summary.py: medians over rounds per side, matched on the key columns
     import subprocess
