@@ -23,7 +23,7 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, compile as triton_compile  # noqa: E402
 
 from erase_triton.kernels import launch as kl  # noqa: E402
-from erase_triton.kernels import local_head as lh  # noqa: E402
+from erase_triton.kernels import plan as kplan  # noqa: E402
 
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
@@ -37,7 +37,7 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic):
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic)
     precision = "tf32" if dtype == "fp32" else "ieee"
-    plan = lh._plan(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
+    plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan
 
 

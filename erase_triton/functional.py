@@ -13,8 +13,8 @@ import math
 import torch
 
 from erase_triton.kernels.launch import LaunchConfig, interpreting
-from erase_triton.kernels import local_head as _klh
-from erase_triton.kernels.local_head import MAX_DENSE_C, MAX_VOCAB, prepare_launch
+from erase_triton.kernels import plan as _kplan
+from erase_triton.kernels.plan import MAX_DENSE_C, MAX_VOCAB, prepare_launch
 
 from . import reference
 from .reference import LocalHeadResult
@@ -140,7 +140,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
     act_out (with activation="relu"): a contiguous tensor like h that receives relu(h), written
     by the kernel as it reads h where the kernel can (dense and small CE), else by torch.clamp_min."""
     key = None
-    if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _klh.POISON:
+    if isinstance(h, torch.Tensor) and h.is_cuda and backend != "torch" and not _kplan.POISON:
         key = _signature(h, weight, bias, target, grad_weight, grad_bias, loss, reduction, ignore_index,
                          config, accumulate, activation, act_out)
         hit = _FAST.get(key)

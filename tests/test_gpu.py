@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import erase_triton as et
-import erase_triton.kernels.local_head as klh
+import erase_triton.kernels.plan as klh
 from erase_triton import LocalHead, Scheduler, fused_local_head, reference
 from erase_triton.reference import head_loss
 from erase_triton.train import training_step

@@ -8,7 +8,7 @@ import torch
 import triton
 
 import erase_triton.functional as functional
-import erase_triton.kernels.local_head as klh
+import erase_triton.kernels.plan as klh
 from erase_triton import LaunchConfig, fused_local_head, reference
 from erase_triton.functional import local_head_into
 
@@ -355,7 +355,7 @@ def test_atomic_mode_accumulates_and_falls_back(device):
     ref = reference.local_head(h, w, b, y, loss="bce")
     torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
-    assert not klh._plan("bce", "mean", 3, 4096, torch.float32, True, False, LaunchConfig(deterministic=False),
+    assert not klh.plan_for("bce", "mean", 3, 4096, torch.float32, True, False, LaunchConfig(deterministic=False),
                          False, True, "ieee", False).constexprs["ATOMIC"]
     check("bce", 40, 130, 3, torch.float32, True, None, device, config=LaunchConfig(deterministic=False, block_d=32))
 
@@ -485,7 +485,8 @@ def test_a_kernel_stopped_part_way_leaves_a_clean_workspace(monkeypatch):
     def item_done_then_fail(ptr):
         calls.append(1)
         raise RuntimeError("stopped part-way")
-    monkeypatch.setattr(klh, "_item_done", item_done_then_fail)
+    import erase_triton.kernels.small_ce as small_ce
+    monkeypatch.setattr(small_ce, "item_done", item_done_then_fail)
     with pytest.raises(Exception, match="stopped part-way"):
         fused_local_head(h, w, b, y, loss="ce", backend="triton")
     monkeypatch.undo()
@@ -603,7 +604,7 @@ def test_bad_occupancy():
 
 def test_max_registers_is_a_cuda_compile_option():
     # ptxas' cap goes into every CUDA launch's compile options; the interpreter has no such option
-    from erase_triton.kernels.local_head import _plan
+    from erase_triton.kernels.plan import plan_for as _plan
     cfg = LaunchConfig(max_registers=96)
     args = ("bce", "mean", 1, 512, torch.bfloat16, True, False, cfg)
     assert _plan(*args, True, False, "ieee", False).opts == dict(num_warps=2, maxnreg=96)
@@ -618,32 +619,6 @@ def test_max_registers_is_a_cuda_compile_option():
                  False).opts == dict(num_warps=2)
     assert _plan("bce", "mean", 1, 512, torch.bfloat16, True, False, LaunchConfig(0.125), True, False, "ieee",
                  False).opts == dict(num_warps=2)
-
-
-@pytest.mark.parametrize("relu", [False, True])
-def test_stream_head_dissection_rebuilds_the_fused_head(relu):
-    # kernels/stream_head.py: with every piece of the fused C=1 BCE path put back (dz, loss, atomics,
-    # last-out sum) it computes what fused_local_head computes; with dz given, the same grad_h
-    from erase_triton.kernels.stream_head import dissect_outputs, stream_head
-    torch.manual_seed(0)
-    N, D = 100, 512
-    h, w, b, y = torch.randn(N, D), torch.randn(1, D) / 20, torch.randn(1), torch.rand(N).round()
-    ref = fused_local_head(h, w, b, y[:, None], activation="relu" if relu else None)
-    outs = dissect_outputs(D, "cpu")
-    act = torch.empty_like(h) if relu else None
-    g = stream_head(h, torch.zeros(N), w, relu=relu, act_out=act, config=LaunchConfig(0.5),
-                    dissect=dict(y=y, bias=b, scale=1.0 / N, outputs=outs))
-    torch.testing.assert_close(g, ref.grad_h)
-    torch.testing.assert_close(outs[0], ref.grad_weight)
-    torch.testing.assert_close(outs[1], ref.grad_bias)
-    torch.testing.assert_close(outs[2][0], ref.loss)
-    assert not outs[3].any() and not outs[4].any()  # accumulators and counters left zeroed
-    if relu:
-        torch.testing.assert_close(act, h.clamp_min(0))
-    dz = torch.sigmoid(torch.nn.functional.linear(h.clamp_min(0) if relu else h, w, b)[:, 0]) - y
-    torch.testing.assert_close(stream_head(h, dz / N, w, relu=relu), ref.grad_h)
-    with pytest.raises(ValueError, match="weight must be"):
-        stream_head(h, dz, torch.randn(2, D))
 
 
 def test_wrong_type():

@@ -614,35 +614,6 @@ def test_free_heads_replayed_gradient(relu_in_head):
         with_heads(lambda **kw: None, "free-random")
 
 
-@pytest.mark.parametrize("relu_in_head", [False, True])
-def test_stream_heads_gradient(relu_in_head):
-    # StreamHead (the fused kernel's bytes without its math): the first call's dz, replayed, gives
-    # the blocks the gradient a real head gives them, the next block the same input (relu(x) from
-    # the stream kernel with the ReLU in the head), and the heads no grads
-    from erase_triton.models import MLPChain
-    from erase_triton.study import with_heads
-    torch.manual_seed(0)
-    model, (x, y) = with_heads(lambda **kw: (MLPChain(16, blocks=3, relu_in_head=relu_in_head, **kw),
-                                             (torch.randn(8, 16), torch.rand(8).round())), "stream")
-    ref = MLPChain(16, blocks=3, relu_in_head=relu_in_head, backend="torch")
-    ref.load_state_dict(model.state_dict())
-    for _ in range(2):  # the second call replays the stored dz
-        model.zero_grad(set_to_none=True)
-        ref.zero_grad(set_to_none=True)
-        with Scheduler("erase").step():
-            out = model(x, y)
-        with Scheduler("sequential").step():
-            out_ref = ref(x, y)
-        torch.testing.assert_close(out, out_ref)
-        assert all(hd.weight.grad is None and hd.bias.grad is None for hd in model.heads)
-        for (k, p), q in zip(model.blocks.named_parameters(), ref.blocks.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=k)
-    from erase_triton.study import stream_heads
-    ce = stream_heads(LocalHead(16, 4, "ce"))
-    with pytest.raises(ValueError, match="C=1 'bce' or 'mse'"):
-        ce(torch.randn(8, 16), torch.randint(0, 4, (8,)))
-
-
 def test_mlp_relu_in_head_same_function_and_free_bound():
     # MLPChain(relu_in_head=True) computes what MLPChain computes (the block's last ReLU now
     # in the head), trains to the same gradients, and its FreeHead sends the constant gradient

@@ -1,0 +1,445 @@
+"""Host side of the head kernels: which kernel and tiles a call takes (the plan), the
+per-stream workspace, the persistent grid, and the launch itself.
+
+`prepare_launch` builds a `HeadLaunch` once per call signature; calling it allocates
+grad_h and the loss and launches one kernel. Why each tile constant: docs/tuning.md.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .common import N_CTR as _N_CTR
+from .dense_head import dense_head_kernel
+from .launch import LaunchConfig, interpreting, next_pow2, num_programs
+from .small_ce import small_ce_kernel
+from .vocab_ce import vocab_ce_kernel
+
+__all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
+
+LOSSES = {"bce": 0, "ce": 1, "mse": 2}
+MAX_DENSE_C = 64
+# "ce" with C up to this takes the dense kernel (logits of a row tile in registers);
+# above it, the vocabulary kernel. The threshold is measured (benchmarks/bench_ce_path.py).
+DENSE_CE_MAX_C = 64
+# "ce" with DENSE_CE_MAX_C < C <= SMALL_CE_MAX_C takes the small-vocabulary kernel (a row
+# tile's C logits in registers, dz through L2 scratch, grad_W split over row groups); above
+# it, the vocabulary kernel. Measured: benchmarks/bench_ce_path.py. H200 at 256 < C <= 512
+# (ce_path_s9_bf16.csv, _fp32.csv; N=4096-8192, D=256-1024): bf16 1.4-3.0x faster than the
+# vocabulary kernel on the whole device, 1.3-2.8x at occupancy 1/8; fp32 faster in 6 of 8
+# cases (C=512 D=512 whole device 387 vs 338 us; D=256 at 1/8 a tie).
+SMALL_CE_MAX_C = 512
+MAX_VOCAB = 131072
+
+
+class _Workspace:
+    """Per-(device, stream) scratch: zeroed int32 counters, a grow-only fp32 buffer, and a
+    grow-only fp32 accumulator that every launch leaves at zero (the ATOMIC mode's).
+
+    Launches on one stream are ordered, so they may share it; launches on other
+    streams get their own. The kernel leaves the counters at zero.
+    """
+
+    def __init__(self, device):
+        self.ctr = torch.zeros(_N_CTR, dtype=torch.int32, device=device)
+        self.buf = torch.empty(0, dtype=torch.float32, device=device)
+        self.acc = torch.zeros(0, dtype=torch.float32, device=device)  # kept zero by the kernel
+
+    def floats(self, n: int) -> torch.Tensor:
+        if self.buf.numel() < n:
+            self.buf = torch.empty(max(n, 2 * self.buf.numel()), dtype=torch.float32, device=self.ctr.device)
+        return self.buf
+
+    def zeros(self, n: int) -> torch.Tensor:
+        if self.acc.numel() < n:
+            self.acc = torch.zeros(max(n, 2 * self.acc.numel()), dtype=torch.float32, device=self.ctr.device)
+        return self.acc
+
+
+_WORKSPACES: dict = {}
+# Tests set this: library-allocated outputs and scratch start as NaN, so an element
+# the kernel forgets to write (or reads before writing) fails loudly.
+POISON = False
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _workspace(device: torch.device) -> _Workspace:
+    if device.type == "cuda":
+        index = _device_index(device)
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
+    else:
+        key = (device.type, None)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = _WORKSPACES[key] = _Workspace(device)
+    return ws
+
+
+def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: bool, esize: int) -> dict:
+    """Tiles, warps and reduction mode of the dense kernel for h rows of D elements of esize bytes."""
+    dp = next_pow2(D)
+    block_c = 1 if C == 1 else max(16, next_pow2(C))
+    if cfg.block_d:
+        bd = cfg.block_d
+    elif block_c * dp <= 8192 and (dp <= 1024 or (block_c == 1 and dp <= 4096)):
+        # whole rows in one tile: h is read once (two passes over D-chunks read it twice), W once
+        # per program. C=1 keeps whole rows up to D=4096 (4 or 2 rows a tile: the same 8192
+        # elements as 8 rows of 1024); session 13 measured D=2048 (tune_dense_head_s13*.csv).
+        bd = max(dp, 16)
+    else:
+        bd = 128
+    rows_c1 = bd >= D and block_c == 1 and bd >= 512  # long whole rows, no tl.dot: a bandwidth-bound stream
+    maxnreg = None  # ptxas' register cap (LaunchConfig.max_registers overrides)
+    if rows_c1:
+        # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
+        # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
+        # previous 16 rows on 4 warps, unpipelined. At most 8 rows: at D=512, 8 rows (64 h
+        # elements a thread) beat 16 (side_head_tiles.csv, N=4096: 19.3 -> 15.0 µs at 1/8,
+        # 8.4 -> 7.5 µs whole device, bf16; tf32 20.5 -> 14.6 and 9.5 -> 9.2).
+        # fp32 rows of 2048+: half the tile on 4 warps, unpipelined (32 h elements a thread).
+        # H200, BCE N=16384 (tune_dense_head_s13b_fp32.csv): D=2048 73.3 vs 80.0 µs (N=4096:
+        # 23.5 vs 26.1), D=4096 145.8 vs 159.3; bf16 keeps 8192-element tiles (43.3 vs 44.6 µs).
+        half = esize == 4 and bd >= 2048
+        bn = cfg.block_n or max(1, min(8, (4096 if half else 8192) // bd))
+        warps, stages = (4, 1) if half else (2, 2)
+        # Beside another stream (occupancy < 1) a program's row tiles run as a dependent chain, and
+        # its length is N / (rows a tile x programs); ptxas' default of ~200 registers a thread fits
+        # 5 programs an SM. Capped at 128 (some spills), 8 fit: H200, 8 x 512 tiles at 1/8
+        # (side_head_regs_s14e.csv): N=4096 tf32 15.1 -> 10.8 µs, bf16 15.3 -> 11.1, N=1024 tf32
+        # 6.8 -> 5.8. The whole device gains nothing (one tile a program already). Measured at D=512.
+        # fp32 only: in the graphed MLP w512 step (sched_s14f) the capped bf16 side heads made the
+        # step 1.5-4.5% slower (fused / PyTorch heads b1024 1.21 -> 1.15, b4096 with the ReLU in
+        # the head 1.13 -> 1.08), while tf32 held or gained (b4096, ReLU in the head, 1.14 -> 1.16).
+        if esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1:
+            maxnreg = 128  # (CUDA launches only: `_plan` and `stream_head` drop it under the interpreter)
+    elif bd >= D and block_c == 1:
+        # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
+        # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
+        # rows. A two-stage loop costs 45-66 µs there (one tile a program: nothing to overlap).
+        bn = cfg.block_n or max(16, min(128, 4096 // bd))
+        warps, stages = 4, 1
+    else:
+        bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
+        # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
+        warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
+        stages = 1
+    if not cuda:  # interpreter: cost is per op, so take big tiles
+        bn = cfg.block_n or max(64, bn)
+    stages = cfg.num_stages or stages
+    if block_c > 1 and bn < 16:
+        raise ValueError(f"block_n must be >= 16 when C > 1 (the tile product uses tl.dot), got {bn}")
+    # phase R: column chunks of 16 over 256 group rows (16 KB a load): C*D = 1024 gives 65
+    # items, so the fixed-order sum is spread over the grid instead of a few programs.
+    br = 16 if C * D <= 65536 else 64
+    # Not deterministic: float atomics replace the barrier and phase R where the weight fits
+    # one tile; the last program then writes the C*D + C + 1 sums out in chunks of BLOCK_R.
+    # With no barrier waiting on other programs, the row tiles can be split statically
+    # (STRIDED: tiles p, p+P, ... in one pipelined loop, no claims), and the end-of-kernel atomics
+    # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
+    # program out sums the copies in [4, BLOCK_R] loads). LaunchConfig(group_tiles=k) keeps claimed
+    # groups of k tiles instead of the static split. H200, BCE D=1024 bf16
+    # (tune_dense_head_fixed_s5a.csv, _s5b.csv): N=65536 76.2-77.1 vs 78.3-78.5 us with claimed groups and one
+    # accumulator; N=8192 13.9 vs 16.7-16.8 us; N=1024 D=256 5.9 vs 6.5-6.6 us.
+    atomic = not deterministic and bd >= D
+    if atomic:
+        # the last program's sum of the copies in one pass where it fits 2048 columns (C=1 D=512: 514
+        # floats, one 1024-wide load instead of two dependent 512-wide ones)
+        br = min(2048, next_pow2(C * D + C + 1))
+    strided = atomic and not cfg.group_tiles
+    two_pass = bool(cfg.two_pass)
+    if two_pass and not (strided and block_c == 1):
+        raise ValueError("two_pass=True needs a C=1 head in the dense kernel's atomic mode (deterministic=False, "
+                         f"whole rows, no group_tiles); got C={C}, D={D}, deterministic={deterministic}, "
+                         f"block_d={bd}, group_tiles={cfg.group_tiles}")
+    return dict(SINGLE_CHUNK=bd >= D, NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_D=bd, maxnreg=maxnreg,
+                BLOCK_G=max(1, 4096 // br), BLOCK_R=br, ATOMIC=atomic, STRIDED=strided,
+                ACC_COPIES=4 if atomic else 1, TWO_PASS=two_pass,
+                num_warps=cfg.num_warps or warps)
+
+
+_SMALL_MIN_RB = 4  # row blocks per phase-B item of the small CE kernel, at least
+
+
+def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) -> dict:
+    dp = max(next_pow2(D), 16)
+    block_c = max(16, next_pow2(C))
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for the small-vocabulary CE kernel (tl.dot tiles), got {cfg.block_n}")
+    if cuda:
+        # phase A: 64-row tiles, K chunks of 64 (logits) and D chunks of 64 (grad_h), both
+        # pipelined 3 deep; phase B: [128, 128] grad_W tiles over 64-row steps. ptxas, sm_90a,
+        # C=256 D=512 (benchmarks/compile_report.py): bf16 238 registers, no spills, 136 KB
+        # shared; fp32 needs chunks of 32 to fit (234 registers, 168 KB; with 64: 272 KB).
+        # 128-row tiles (m64n256 wgmmas, half the W traffic) spill 376 bytes and run 12% faster
+        # at 1/8 but 34% slower on the whole device (half as many tiles): not taken.
+        chunk = 64 if esize <= 2 else 32
+        # C in (256, 512]: 32-row tiles keep the logits at 64 registers a thread
+        bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
+        bcw, bdw, bkw = cfg.block_v or min(block_c, 128), cfg.block_d or min(dp, 128), 64
+        warps, stages = cfg.num_warps or 8, cfg.num_stages or 3
+    else:  # interpreter: fewer, bigger tiles
+        bn, bk, bdc = cfg.block_n or 128, min(dp, 256), min(dp, 256)
+        bcw, bdw, bkw = cfg.block_v or block_c, cfg.block_d or min(dp, 256), 128
+        warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
+    # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
+    # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
+    # GH_T (16-bit inputs, C <= 256): grad_h^T = W^T dz^T, with dz^T written to shared memory once
+    # a tile as wgmma's B operand; otherwise dz is the register operand, reloaded from shared
+    # memory every D chunk. H200, bf16, C=256 (ce_small_sets_s12a.csv): N=8192 D=512 198 -> 183 µs
+    # at 1/8 (phase A 151 -> 134), 41.0 -> 40.1 µs whole device; N=4096 D=256 73.1 -> 69.6 and
+    # 30.0 -> 29.2. tf32 has no transposed shared-memory operand for wgmma (GH_T falls back to mma v2).
+    return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
+                BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3,
+                GH_T=esize <= 2 and block_c <= 256, num_warps=warps)
+
+
+def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+    dp = max(next_pow2(D), 16)
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
+    if cuda:
+        bn, bv, bdc, bk = cfg.block_n or 64, cfg.block_v or 128, cfg.block_d or min(dp, 256), min(dp, 64)
+    else:  # interpreter: fewer, bigger tiles
+        bn, bv, bdc, bk = cfg.block_n or 128, cfg.block_v or 512, cfg.block_d or min(dp, 256), min(dp, 256)
+    # phase R (few vocabulary tiles: rows split into G groups, G ~ programs / vocabulary tiles, so
+    # small at low occupancy): 8 group rows x 512 columns a load. With 64 x 64 a C=256 D=256 head
+    # at occupancy 1/8 (16 programs, G = 8) took 1028 latency-bound items, 64 rounds a program.
+    return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=8, BLOCK_R=512,
+                num_warps=cfg.num_warps or 8)
+
+
+class _Plan:
+    """Everything about a launch that does not depend on N, computed once per key."""
+
+    __slots__ = ("kernel", "kind", "constexprs", "opts", "p_occ")
+
+    def __init__(self, kernel, kind, constexprs, num_warps, maxnreg=None):
+        self.kernel, self.kind, self.constexprs = kernel, kind, constexprs
+        # compile options of every launch: num_warps, and ptxas' register cap where one is set
+        self.opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+        self.p_occ = None
+
+    @property
+    def num_warps(self) -> int:
+        return self.opts["num_warps"]
+
+
+_PLANS: dict = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a @jit function, and calling it from the host costs ~5 µs
+    return -(-a // b)
+
+
+def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
+          deterministic: bool = True, relu: bool = False, store_act: bool = False) -> _Plan:
+    key = (loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, relu, store_act,
+           deterministic)
+    p = _PLANS.get(key)
+    if p is not None:
+        return p
+    kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
+    if kind == "dense":
+        blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
+    elif kind == "small":
+        blk = _small_ce_blocks(D, C, cfg, cuda, h_dtype.itemsize)
+    else:
+        blk = _vocab_blocks(D, cfg, cuda)
+    num_warps = blk.pop("num_warps")
+    maxnreg = blk.pop("maxnreg", None)
+    # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
+    # kernel reads h once per vocabulary tile and has no such output (the caller applies the ReLU)
+    cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
+              RELU=relu, STORE_ACT=store_act and kind != "vocab", **blk)
+    if kind == "dense":
+        cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
+        kernel = dense_head_kernel
+    else:
+        cx.update(CE_MEAN=reduction == "mean")
+        kernel = small_ce_kernel if kind == "small" else vocab_ce_kernel
+    names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
+    cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
+    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)
+    return p
+
+
+def _program_count(plan: _Plan, make_args, device, cfg: LaunchConfig) -> int:
+    # make_args() builds warm-up arguments; only called when the plan is new
+    if plan.p_occ is None or device.type != "cuda":
+        plan.p_occ = num_programs(plan.kernel, id(plan), lambda: plan.kernel.warmup(
+            *make_args(), grid=(1,), **plan.opts, **plan.constexprs), device, plan.num_warps, cfg.occupancy,
+            cfg.programs_per_sm)
+    return plan.p_occ
+
+
+class HeadLaunch:
+    """One head call with everything but the tensors fixed (plan, grid, ints, compiled kernel).
+
+    Built once per call signature (shapes, strides, dtypes, alignment, options) by
+    `prepare_launch`; calling it allocates grad_h and the loss and launches. On CUDA it
+    calls Triton's compiled launcher directly with raw pointers: the generic dispatch
+    (argument binding, specialisation hashing, a driver query per pointer) costs more
+    host time than a small head's whole kernel. Triton's launch hooks
+    (`knobs.runtime.launch_enter_hook`, used by proton) are therefore not called for it.
+    """
+
+    __slots__ = ("plan", "device", "index", "n_buf", "n_acc", "P", "ints", "cx", "loss_like",
+                 "has_bias", "store_act", "raw", "function", "packed", "coop", "pdl", "compiled", "__weakref__")
+
+    def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
+        """h: the rows with the strides this launch was prepared for (any leading shape).
+        act: None, or a contiguous tensor with h's elements that receives relu(h): from the kernel
+        as it reads h when `store_act` (prepared with store_act=True, a kernel with that output),
+        else from torch.clamp_min after the launch.
+        Returns (loss, grad_h contiguous, shaped like h)."""
+        dev = self.device
+        if self.raw is not None:
+            stream = torch._C._cuda_getCurrentRawStream(self.index)
+            ws = _WORKSPACES.get((self.index, stream)) or _workspace(dev)
+        else:
+            ws = _workspace(dev)
+        # empty_like: half the host cost of torch.empty(shape, dtype=, device=)
+        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
+        loss_out = torch.empty_like(self.loss_like)
+        buf = ws.buf if ws.buf.numel() >= self.n_buf else ws.floats(self.n_buf)
+        acc = ws.acc if ws.acc.numel() >= self.n_acc else ws.zeros(self.n_acc)
+        if POISON:
+            grad_h.fill_(float("nan"))
+            loss_out.fill_(float("nan"))
+            buf.fill_(float("nan"))
+        if not self.has_bias:
+            bias, grad_bias = weight, grad_weight  # unused pointers (HAS_BIAS=False)
+        act_out = act if self.store_act else grad_h  # (STORE_ACT=False: an unused pointer)
+        if self.raw is None:
+            try:
+                self.plan.kernel[(self.P,)](h, weight, bias, y, grad_h, act_out, grad_weight, grad_bias, loss_out, buf, acc,
+                                            ws.ctr, *self.ints, **self.plan.opts, **self.plan.constexprs)
+            except BaseException:
+                # A kernel stopped part-way (the interpreter runs its programs on the host, and an error
+                # or Ctrl-C can stop one) leaves counters and accumulators that every launch expects at
+                # zero: the next launch on this workspace would wait on them forever.
+                ws.ctr.zero_()
+                ws.acc.zero_()
+                raise
+        else:
+            self.raw(self.P, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
+                     None, h.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), grad_h.data_ptr(),
+                     act_out.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), loss_out.data_ptr(), buf.data_ptr(),
+                     acc.data_ptr(), ws.ctr.data_ptr(), *self.ints, *self.cx)
+        if act is not None and not self.store_act:  # (the vocabulary kernel has no relu(h) output)
+            torch.clamp_min(h.detach(), 0, out=act.view(h.shape))
+        return loss_out, grad_h
+
+
+def _direct_launcher(hl: HeadLaunch, compiled) -> None:
+    # Triton's CudaLauncher.__call__ allocates scratch (none here) and forwards to the C
+    # `launch`; call that directly when nothing else is needed, else fall back to __call__.
+    launcher = compiled.run  # loads the binary on first use
+    hl.function, hl.packed = compiled.function, compiled.packed_metadata
+    plain = (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
+             and hasattr(launcher, "launch"))
+    if plain:
+        hl.raw, hl.coop, hl.pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    else:
+        def raw(gx, gy, gz, stream, function, _coop, _pdl, _gs, _ps, packed, *rest):
+            launcher(gx, gy, gz, stream, function, packed, *rest)
+        hl.raw, hl.coop, hl.pdl = raw, None, None
+
+
+def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
+                   grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False,
+                   store_act: bool = False) -> HeadLaunch:
+    """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
+    relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
+    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says)."""
+    N, D = h2.shape
+    C = weight.shape[0]
+    dev = h2.device
+    cuda = dev.type == "cuda"
+    if cuda and _device_index(dev) != torch.cuda.current_device():
+        raise ValueError(f"h is on {dev} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
+                         f"call torch.cuda.set_device({dev}) or use `with torch.cuda.device(...)`")
+    ws = _workspace(dev)
+    has_bias = bias is not None
+    dot_fp32 = interpreting()
+    precision = "ieee"
+    if not dot_fp32 and h2.dtype == torch.float32:
+        precision = cfg.fp32_precision or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee")
+    deterministic = cfg.deterministic if cfg.deterministic is not None else torch.are_deterministic_algorithms_enabled()
+    plan = plan_for(loss, reduction, C, D, h2.dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision, deterministic,
+                 relu, store_act and relu)
+    cx = plan.constexprs
+    if plan.kind == "dense" and cx["STRIDED"] and not cx["ATOMIC"]:
+        # a static tile split needs no claims only where no grid barrier waits on other programs
+        raise ValueError("STRIDED row tiles need the ATOMIC (non-deterministic, one weight tile) dense kernel")
+    b_arg = bias if has_bias else weight
+    gb_arg = grad_bias if has_bias else grad_weight
+    bn = cx["BLOCK_N"]
+    n_tiles = _cdiv(N, bn)
+    stride_g = _cdiv(C * D + C + 1, 16) * 16
+
+    def args(P, G, tpg, inv_count):
+        # warm-up arguments: dtypes stand for library-allocated (aligned) outputs and scratch
+        return (h2, weight, b_arg, y, h2.dtype, h2.dtype, grad_weight, gb_arg, torch.float32, torch.float32, torch.float32, ws.ctr,
+                N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
+
+    p_occ = _program_count(plan, lambda: args(1, 1, 1, 1.0), dev, cfg)
+    if plan.kind == "dense":
+        inv_count = 1.0 / (N * C) if reduction == "mean" else 1.0
+        if cx["STRIDED"]:  # one "group" a program: tiles pid, pid + P, ...
+            tpg = 1
+        elif cfg.group_tiles:
+            tpg = cfg.group_tiles
+        else:  # the tiles spread evenly, one group a program
+            tpg = _cdiv(n_tiles, min(p_occ, n_tiles))
+        G = _cdiv(n_tiles, tpg)
+        if cx["ATOMIC"]:
+            P = min(p_occ, G)
+            if cx["STRIDED"]:
+                G = P
+            n_buf, n_acc = (N if cx["TWO_PASS"] else 0), cx["ACC_COPIES"] * stride_g  # (TWO_PASS: dz)
+        else:
+            n_r = _cdiv(C * D + C + 1, cx["BLOCK_R"])
+            P = min(p_occ, max(G, n_r))  # no program without work
+            n_buf, n_acc = G * stride_g, 0
+    elif plan.kind == "small":
+        inv_count = 1.0
+        n_out = _cdiv(C, cx["BLOCK_CW"]) * _cdiv(D, cx["BLOCK_DW"])
+        n_rb = _cdiv(N, cx["BLOCK_KW"])
+        # split-K: enough row groups that phase B fills the grid, each at least MIN_RB row blocks
+        # long (something for the load pipeline to overlap)
+        G = max(1, min(_cdiv(p_occ, n_out), n_rb // _SMALL_MIN_RB))
+        tpg = _cdiv(n_rb, G)
+        G = _cdiv(n_rb, tpg)
+        P = min(p_occ, max(n_tiles, n_out * G))
+        dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
+        n_buf = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats
+        n_acc = 0
+    else:
+        inv_count = 1.0
+        n_v = _cdiv(C, cx["BLOCK_V"])
+        n_dc = _cdiv(D, cx["BLOCK_DC"])
+        # Few vocabulary tiles: split rows into groups so phase B keeps every program busy.
+        G = 1 if n_v * n_dc >= p_occ else min(_cdiv(p_occ, n_v * n_dc), n_tiles)
+        tpg = _cdiv(n_tiles, G)
+        G = _cdiv(n_tiles, tpg)
+        P = min(p_occ, max(n_tiles * n_dc, n_v * G * n_dc))
+        n_buf = N + n_tiles + (G * stride_g if G > 1 else 0)
+        n_acc = 0
+    hl = HeadLaunch()
+    hl.plan, hl.device = plan, dev
+    hl.loss_like = torch.empty((), dtype=torch.float32, device=dev)
+    hl.n_buf, hl.n_acc, hl.P, hl.has_bias, hl.cx = n_buf, n_acc, P, has_bias, tuple(cx.values())
+    hl.store_act = bool(cx.get("STORE_ACT", False))
+    hl.ints = (N, D, C, h2.stride(0), stride_g, ignore_index, inv_count, n_tiles, G, tpg, P)
+    hl.raw = hl.compiled = None
+    if cuda:
+        hl.index = _device_index(dev)
+        hl.compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), **plan.opts, **cx)
+        _direct_launcher(hl, hl.compiled)
+    return hl
