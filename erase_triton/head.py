@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from erase_triton.kernels.launch import LaunchConfig
 
-from . import scheduler as _sched
+from . import context
 
 from .functional import check_activation, check_args, local_head_into, use_triton
 from .reference import linear_head_loss
@@ -136,7 +136,7 @@ class LocalHead(nn.Module):
     def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
             return self.act(h)
-        sched = _sched.current()
+        sched = context.current()
         mode = sched.mode if sched is not None else "sequential"
         if mode == "e2e" and not self.final:
             return self.act(h)

@@ -551,7 +551,7 @@ def test_overlap_in_profiler_trace():
 def test_current_stream_lookup_is_cached_and_exact():
     # The scheduler's cheap current-stream lookup returns the stream torch.cuda.current_stream
     # returns, on the default stream and inside a torch.cuda.stream context, and reuses one object.
-    from erase_triton.scheduler import _current_stream
+    from erase_triton.scheduler.executor import _current_stream
     d = torch.device("cuda", torch.cuda.current_device())
     assert _current_stream(d) == torch.cuda.current_stream(d)
     assert _current_stream(d) is _current_stream(d)

@@ -7,7 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from erase_triton import LocalChain, LocalHead, Scheduler, scheduler
+from erase_triton import LocalChain, LocalHead, Scheduler
+from erase_triton.scheduler import executor as scheduler
 from erase_triton.reference import head_loss
 from erase_triton.scheduler import RingPlan
 
@@ -876,3 +877,28 @@ def test_early_updates_relearn_and_own_the_optimizer():
     with pytest.raises(RuntimeError, match="cannot change inside step"):
         with sched.step():
             sched.optimizer = opt
+
+
+def test_plan_detach_point_decides_fork_waits_join_and_update():
+    # the pure rule the executor carries out: which detach points fork, what they wait on, where
+    # the caller joins, and which early update follows the backward
+    from erase_triton.scheduler import plan_detach_point
+    ring = RingPlan(3)
+    seq = plan_detach_point(2, mode="sequential", host_bound=False, final=False, stream=0, ring=ring)
+    assert (seq.on_ring, seq.fork, seq.stream, seq.trace()) == (False, False, 0, [("bwd", 2, 0, ())])
+    host = plan_detach_point(0, mode="erase", host_bound=True, final=False, stream=0, ring=ring)
+    assert (host.on_ring, host.stream, host.next_stream) == (False, "caller", "caller")
+    a, b = frozenset({1, 2}), frozenset({2, 3})
+    p = plan_detach_point(1, mode="erase", host_bound=False, final=False, stream=1, ring=ring, leaves=b,
+                          earlier={0: (0, a)}, update=[["w"]])
+    assert (p.on_ring, p.fork, p.next_stream, p.wait_for, p.join, p.update) == (True, True, 2, (0,), False, [["w"]])
+    assert p.trace() == [("bwd", 1, 1, (0,)), ("fwd", 2, 2)]
+    # the ring wraps; a ring of one stream never forks; the final head joins and does not fork
+    assert plan_detach_point(2, mode="erase", host_bound=False, final=False, stream=2, ring=ring).next_stream == 0
+    one = plan_detach_point(0, mode="erase", host_bound=False, final=False, stream=0, ring=RingPlan(1))
+    assert (one.fork, one.next_stream) == (False, 0)
+    fin = plan_detach_point(3, mode="erase", host_bound=False, final=True, stream=0, ring=ring)
+    assert (fin.fork, fin.join, fin.next_stream) == (False, True, "caller")
+    # no wait on an earlier segment of the same stream (already ordered) or with other leaves
+    assert plan_detach_point(1, mode="erase", host_bound=False, final=False, stream=0, ring=ring, leaves=b,
+                             earlier={0: (0, a)}).wait_for == ()

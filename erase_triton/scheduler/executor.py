@@ -48,65 +48,27 @@ Not for updates that read every gradient at once (global-norm clipping, GradScal
 those after the step, without optimizer=. A step that raises keeps the updates its segments
 made before the error and skips the one at exit.
 
-The plan (which segment runs on which stream, which events order what) is `RingPlan`,
-pure Python and unit-tested on CPU; `step()` carries it out and logs it in
-`last_trace`. `capture()` records a whole step in a CUDA graph.
+The plan (which segment runs on which stream, which events order what, which early update)
+is `plan.plan_detach_point`, pure Python and unit-tested on CPU; this module carries it out
+with streams and events, keeps one step's state in a `StepState` made by `step()`, and logs
+the plan in `last_trace`. `capture()` records a whole step in a CUDA graph.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import weakref
 
 import torch
 
-__all__ = ["Scheduler", "RingPlan", "current"]
+from .. import context
+from .plan import RingPlan, UpdatePlan, plan_detach_point
+
+__all__ = ["CapturedStep", "Scheduler", "StepState"]
 
 MODES = ("e2e", "sequential", "erase")
 PRIORITIES = ("rising", "tail", "off")
-_local = threading.local()
-
-
-def current() -> "Scheduler | None":
-    """The scheduler whose step() is active in this thread, if any."""
-    return getattr(_local, "active", None)
-
-
-@dataclasses.dataclass(frozen=True)
-class RingPlan:
-    """Where segment i runs and what it waits on. Pure; no CUDA."""
-
-    n_streams: int
-
-    def stream_of(self, segment: int) -> int:
-        """The stream of a segment when every detach point before it forks."""
-        return segment % self.n_streams
-
-    def next_stream(self, stream: int, fork: bool) -> int:
-        """The next segment's stream: the next one of the ring on a fork, else the same."""
-        return (stream + 1) % self.n_streams if fork else stream
-
-    def bwd_after(self, stream: int, leaves: frozenset, earlier: dict) -> list[int]:
-        """Earlier segments whose backward must finish before this one's (which runs on
-        `stream`): those that accumulate .grad into a leaf this segment also reaches, on
-        another stream. earlier: segment -> (its stream, its leaves)."""
-        return [j for j, (k, lv) in earlier.items() if k != stream and lv & leaves]
-
-    @staticmethod
-    def priority_of(stream: int, kind: str = "rising", used: int | None = None, levels: int = 4) -> int:
-        """CUDA priority of ring stream `stream` (lower numbers rank higher; PyTorch's
-        streams have `levels` = 4: 0 to -3). "rising": -stream, clamped, so segment i+1's
-        forward outranks segment i's backward (queued on the stream before it) when both wait
-        for SMs; past the fourth stream all share the top level. "tail": the top levels go
-        to the last streams a step used (`used` of them; "rising" while unknown), so the
-        final segments, whose forward and backward end the step, rank above every earlier
-        backward and the earliest streams share the bottom level. "off": 0."""
-        if kind == "off":
-            return 0
-        if kind == "tail" and used is not None:
-            return -max(0, levels - 1 - (used - 1 - stream))
-        return -min(stream, levels - 1)
+_local = threading.local()  # the optimizer a Scheduler is stepping right now (see _guard_step)
 
 
 _STREAMS: dict = {}  # (stream id, device index, device type) -> its torch.cuda.Stream object
@@ -177,33 +139,30 @@ def _step_subset(opt, per_group: list):
         opt.param_groups = groups
 
 
-@dataclasses.dataclass
-class UpdatePlan:
-    """Early updates learned from one step: heads[i] is the id of segment i's head, params[i]
-    (per optimizer group) the parameters whose gradient is complete after segment i's backward
-    (the last segment reaching them); key: the optimizer's parameter ids it was built for."""
-
-    heads: list
-    params: dict
-    key: tuple
-
-    @staticmethod
-    def learn(opt, segments: list, key: tuple) -> "UpdatePlan":
-        """segments: [(head id, leaf ids)] of one step, in order."""
-        owner = {}
-        for i, (_, leaves) in enumerate(segments):
-            for pid in leaves:
-                owner[pid] = i
-        params = {}
-        for i in range(len(segments)):
-            per_group = [[p for p in g["params"] if owner.get(id(p)) == i] for g in opt.param_groups]
-            if any(per_group):
-                params[i] = per_group
-        return UpdatePlan([h for h, _ in segments], params, key)
-
-
 def _param_key(opt) -> tuple:
     return tuple(id(p) for g in opt.param_groups for p in g["params"])
+
+
+class StepState:
+    """One step's state, made by `Scheduler.step()` and dropped when it exits."""
+
+    def __init__(self, sched: "Scheduler"):
+        self.cuda_device = sched._device_now() if sched.mode == "erase" and sched._has_cuda else None
+        self.on_streams = self.cuda_device is not None   # erase on CUDA: the ring is used
+        self.ring = RingPlan(sched.n_streams or 8)
+        self.seg = 0               # the current segment
+        self.k = 0                 # ring index of the current segment's stream
+        self.keep: list = []       # tensors read on a stream other than their allocator's, held to the join
+        self.bwd_events: dict = {}  # segment -> event after its backward (for shared leaves)
+        self.forked: set = set()   # ring streams that joined this step (and must be joined back)
+        self.seg_leaves: dict = {}  # segment -> (its stream, its leaf ids)
+        self.updated: set = set()  # ids of parameters updated early in this step
+        self.segments: list = []   # (head id, leaf ids) of each segment, for the next UpdatePlan
+        self.plan_ok = sched._early_updates()
+        self.trace: list = []
+        self.caller = None         # the caller's stream (set when the step forks)
+        self.host_bound = False    # adaptive erase on the caller's stream (GPU caught up)
+        self.capturing = False
 
 
 class Scheduler:
@@ -260,7 +219,8 @@ class Scheduler:
         self._leaf_cache: dict = {}
         self.last_trace: list = []
         self.last_forks = 0
-        self._in_step = False
+        self._state: StepState | None = None  # the active step's state
+        self._last_device = None
         self._warming = False  # capture()'s warm-up steps: fork like the captured step will
         # a process does not gain or lose its CUDA runtime: asked once, not at every step
         self._has_cuda = torch.cuda.is_available()
@@ -303,9 +263,6 @@ class Scheduler:
             self._unguard = weakref.finalize(self, opt.register_step_pre_hook(_guard_step).remove)
 
     # ------------------------------------------------------------------ the step
-    def _use_streams(self) -> bool:
-        return self.mode == "erase" and self._cuda_device is not None
-
     def _ring_stream(self, k: int):
         while len(self._streams) <= k:
             prio = RingPlan.priority_of(len(self._streams), self.priorities, self._used)
@@ -337,73 +294,63 @@ class Scheduler:
             return self._fixed_device
         return torch.device("cuda", torch.cuda.current_device())
 
+    @property
+    def _cuda_device(self):
+        return self._state.cuda_device if self._state is not None else self._last_device
+
     @contextlib.contextmanager
     def step(self):
         """Context around one training step's forward (with LocalHeads inside)."""
-        if self._in_step:
+        if self._state is not None:
             raise RuntimeError("Scheduler.step() is not re-entrant")
-        if current() is not None:
-            raise RuntimeError("another Scheduler.step() is active in this thread")
-        self._cuda_device = None
-        if self.mode == "erase" and self._has_cuda:
-            self._cuda_device = self._device_now()
-        self._plan = RingPlan(self.n_streams or 8)
-        self._seg = 0
-        self._k = 0              # ring index of the current segment's stream
-        self._keep = []          # tensors read on a stream other than their allocator's
-        self._bwd_events = {}    # segment -> event after its backward (for shared leaves)
-        self._forked = set()     # ring streams that joined this step (and must be joined back)
-        self._seg_leaves = {}
-        self._updated = set()    # ids of parameters updated early in this step
-        self._segments = []      # (head id, leaf ids) of each segment, for the next UpdatePlan
-        self._plan_ok = self._early_updates()
-        self.last_trace = []
-        _local.active = self
-        self._in_step = True
-        caller = self._caller = None
+        if self.mode not in MODES:  # `mode` is a plain attribute: checked again where it is used
+            raise ValueError(f"Scheduler.mode must be one of {MODES}, got {self.mode!r}")
+        st = StepState(self)
+        context.enter(self)
+        self._state = st
+        self.last_trace = st.trace
+        self.last_forks = 0
         ok = False
-        self._on_streams = self._use_streams()
-        self.last_forks = 0  # detach points of this step that forked
-        self._seq_step = False
-        self._capturing = False
         try:
-            if self._on_streams:
-                self._capturing = torch.cuda.is_current_stream_capturing()
-                if self.adaptive and not self._capturing and not self._warming and not self._decide():
+            if st.on_streams:
+                st.capturing = torch.cuda.is_current_stream_capturing()
+                if self.adaptive and not st.capturing and not self._warming and not self._decide():
                     # The GPU had finished the previous step before the host began the deciding
                     # one: the host is the bottleneck, nothing would overlap. Run exactly what
                     # sequential runs, and no more host calls than it: no stream lookup (the
                     # step stays on the caller's stream).
-                    self._seq_step = True
+                    st.host_bound = True
                 else:
-                    caller = self._caller = _current_stream(self._cuda_device)
+                    caller = st.caller = _current_stream(st.cuda_device)
                     if self.priorities == "tail" and self._streams:
                         self._retune_priorities()
                     s0 = self._ring_stream(0)
                     s0.wait_event(self._record("start", 0, caller))
-                    self._forked = {0}
+                    st.forked = {0}
                     torch.cuda.set_stream(s0)
-            self.last_trace.append(("fwd", 0, "caller" if self._seq_step else self._plan.stream_of(0)))
+            st.trace.append(("fwd", 0, "caller" if st.host_bound else st.ring.stream_of(0)))
             yield self
             ok = True
         finally:
             try:
-                if self._on_streams:
-                    if not self._seq_step:
-                        self._join()
-                        self._used = min(self._plan.n_streams, self.last_forks + 1)
+                if st.on_streams and not st.host_bound:
+                    self._join(st)
+                    self._used = min(st.ring.n_streams, self.last_forks + 1)
                 if ok and self._optimizer is not None:
-                    self._finish_updates()
-                if self._on_streams:
-                    if self.adaptive and not self._capturing and self._adaptive_steps % self.decide_every == 0:
-                        # the next step decides: it asks whether this one is done (a sequential
-                        # step never left the caller's stream: the current one)
-                        self._record("end", 0, caller if caller is not None else _current_stream(self._cuda_device))
-                self._keep = []
-                self._bwd_events = {}
+                    self._finish_updates(st)
+                if st.on_streams and self.adaptive and not st.capturing \
+                        and self._adaptive_steps % self.decide_every == 0:
+                    # the next step decides: it asks whether this one is done (a host-bound
+                    # step never left the caller's stream: the current one)
+                    self._record("end", 0, st.caller if st.caller is not None else _current_stream(st.cuda_device))
             finally:
-                _local.active = None
-                self._in_step = False
+                self._last_device = st.cuda_device
+                self._state = None
+                context.leave()
+
+    @property
+    def _in_step(self) -> bool:
+        return self._state is not None
 
     def _decide(self) -> bool:
         """Whether this (eager, adaptive) step forks: decided anew every decide_every steps."""
@@ -420,60 +367,53 @@ class Scheduler:
 
     def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
-        seg = self._seg
+        st = self._state
+        if st is None:
+            raise RuntimeError("Scheduler.detach_point runs inside Scheduler.step() only")
+        seg, k = st.seg, st.k
+        on_ring = self.mode == "erase" and not st.host_bound
+        leaves = self._leaves(head, h, seg) if on_ring else frozenset()
         # early updates in erase steps only: on one stream (sequential, and the host-bound steps
         # of adaptive erase) they would overlap nothing and cost host time (one optimizer call a segment)
-        forking = self.mode == "erase" and not self._seq_step
-        early = forking and self._optimizer is not None
-        leaves = self._leaves(head, h, seg) if forking else None
-        update = self._segment_update(head, seg, leaves) if early else None
-        if not forking:
-            self.last_trace.append(("bwd", seg, "caller" if self._seq_step else 0, ()))
-            self._seg += 1
+        update = self._segment_update(st, head, seg, leaves) if on_ring and self._optimizer is not None else None
+        plan = plan_detach_point(seg, mode=self.mode, host_bound=st.host_bound, final=head.final, stream=k,
+                                 ring=st.ring, leaves=leaves, earlier=st.seg_leaves, update=update)
+        st.trace.extend(plan.trace())
+        st.seg += 1
+        if not plan.on_ring or not st.on_streams:  # one stream, or erase without CUDA
+            if plan.on_ring:
+                if not plan.join:
+                    st.seg_leaves[seg] = (k, leaves)
+                st.k = plan.next_stream if not plan.join else k
             out = _labelled(head, h, target, seg)
-            if update:
-                self._update(seg, update)
-            return out
-        plan = self._plan
-        streams = self._on_streams
-        k = self._k
-        fork = not head.final
-        after = plan.bwd_after(k, leaves, self._seg_leaves) if self._seg_leaves else []
-        if fork:
-            self._seg_leaves[seg] = (k, leaves)
-        nk = plan.next_stream(k, fork)
-        self.last_trace.append(("bwd", seg, k, tuple(after)))
-        nxt = seg + 1
-        self.last_trace.append(("fwd", nxt, "caller" if head.final else nk))
-        self._seg, self._k = nxt, nk
-        if not streams:
-            out = _labelled(head, h, target, seg)
-            if update:
-                self._update(seg, update)
+            if plan.update:
+                self._update(st, seg, plan.update)
             return out
         cur = self._streams[k]
-        for j in after:
-            cur.wait_event(self._bwd_events[j])
+        for j in plan.wait_for:
+            cur.wait_event(st.bwd_events[j])
         # what the next segment reads (a fused ReLU head's activation) is queued before its event
-        act = None if head.final else head.early_act(h)
+        act = None if plan.join else head.early_act(h)
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
-        out = _labelled(head, h, target, seg, beside=not head.final, act=act)
-        if update:
-            self._update(seg, update)  # this segment's parameters, on its stream after its backward
-        if head.final:
+        out = _labelled(head, h, target, seg, beside=not plan.join, act=act)
+        if plan.update:
+            self._update(st, seg, plan.update)  # this segment's parameters, on its stream after its backward
+        if plan.join:
             # After the top head comes the optimizer: it must see every gradient,
             # so the caller's stream joins the ring here rather than at exit.
-            self._join()
-            self._keep.append(out)
+            self._join(st)
+            st.keep.append(out)
             return out
-        self._bwd_events[seg] = self._record("bwd", seg, cur)
-        if nk != k:
+        st.seg_leaves[seg] = (k, leaves)
+        st.bwd_events[seg] = self._record("bwd", seg, cur)
+        st.k = plan.next_stream
+        if plan.fork:
             self.last_forks += 1
-            s_next = self._ring_stream(nk)
+            s_next = self._ring_stream(plan.next_stream)
             s_next.wait_event(fwd_done)
-            self._forked.add(nk)
-            self._keep.append(out)
+            st.forked.add(plan.next_stream)
+            st.keep.append(out)
             torch.cuda.set_stream(s_next)
         return out
 
@@ -496,10 +436,10 @@ class Scheduler:
             self.update_plan = None  # the optimizer's parameters changed: learn again
         return self.update_plan is not None
 
-    def _segment_update(self, head, seg: int, leaves: frozenset):
+    def _segment_update(self, st: "StepState", head, seg: int, leaves: frozenset):
         """Before segment seg's backward: refuse it if it reaches a parameter already updated in
         this step; return the parameters (per group) the plan updates after it, or None."""
-        hit = self._updated & leaves
+        hit = st.updated & leaves
         if hit:
             shapes = [tuple(p.shape) for g in self._optimizer.param_groups for p in g["params"] if id(p) in hit]
             raise RuntimeError(
@@ -507,40 +447,36 @@ class Scheduler:
                 f"{shapes[:4]}) already updated earlier in this step; the segments differ from the step the "
                 f"update plan was learned from. Parameters shared across segments must be reached the same "
                 f"way every step, or step the optimizer after the step (optimizer=None).")
-        self._segments.append((id(head), leaves))
-        plan = self.update_plan
-        if not self._plan_ok:
+        st.segments.append((id(head), leaves))
+        if not st.plan_ok:
             return None
-        if seg >= len(plan.heads) or plan.heads[seg] != id(head):
-            self._plan_ok = False  # not the step the plan was learned from: the rest at exit
-            return None
-        return plan.params.get(seg)
+        params, st.plan_ok = self.update_plan.update_after(seg, id(head))
+        return params
 
-    def _update(self, seg: int, per_group: list):
-        self._updated.update(id(p) for ps in per_group for p in ps)
-        self.last_trace.append(("update", seg, sum(map(len, per_group))))
+    def _update(self, st: "StepState", seg, per_group: list):
+        st.updated.update(id(p) for ps in per_group for p in ps)
+        st.trace.append(("update", seg, sum(map(len, per_group))))
         _step_subset(self._optimizer, per_group)
 
-    def _finish_updates(self):
+    def _finish_updates(self, st: "StepState"):
         """At exit, on the caller's stream: update what no segment did; learn the plan anew if
         this step's segments are not the plan's."""
         opt = self._optimizer
-        rest = [[p for p in g["params"] if id(p) not in self._updated] for g in opt.param_groups]
+        rest = [[p for p in g["params"] if id(p) not in st.updated] for g in opt.param_groups]
         if any(rest):
-            self.last_trace.append(("update", "exit", sum(map(len, rest))))
-            _step_subset(opt, rest)
-        if self._segments:  # an erase step off the host-bound path: its segments are the next plan
-            heads = [h for h, _ in self._segments]
-            if self.update_plan is None or not self._plan_ok or heads != self.update_plan.heads:
-                self.update_plan = UpdatePlan.learn(opt, self._segments, _param_key(opt))
+            self._update(st, "exit", rest)
+        if st.segments:  # an erase step off the host-bound path: its segments are the next plan
+            heads = [h for h, _ in st.segments]
+            if self.update_plan is None or not st.plan_ok or heads != self.update_plan.heads:
+                self.update_plan = UpdatePlan.learn(opt.param_groups, st.segments, _param_key(opt))
 
-    def _join(self):
+    def _join(self, st: "StepState"):
         """The caller's stream waits for every ring stream this step forked, and becomes current."""
-        for k in sorted(self._forked):
-            self._caller.wait_event(self._record("join", k, self._ring_stream(k)))
-            self.last_trace.append(("join", k))
-        self._forked = set()
-        torch.cuda.set_stream(self._caller)
+        for k in sorted(st.forked):
+            st.caller.wait_event(self._record("join", k, self._ring_stream(k)))
+            st.trace.append(("join", k))
+        st.forked = set()
+        torch.cuda.set_stream(st.caller)
 
     # --------------------------------------------------------------- CUDA graphs
     def capture(self, step_fn, *static_inputs, warmup: int = 3):
