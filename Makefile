@@ -21,5 +21,5 @@ train: setup   ## train the CTR model (six detached subarchitectures) on MovieLe
 test: setup    ## plain pytest (not python -m pytest: see README)
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
-plots: setup   ## redraw every plot from the committed H200 results
-	$(VENV)/bin/erase-triton plot benchmarks/results/*.csv --out benchmarks/plots
+plots: setup   ## redraw the figures of the committed H200 results into runs/plots (the tree stays clean)
+	$(VENV)/bin/erase-triton plot benchmarks/results/*.csv --out runs/plots

@@ -1,5 +1,5 @@
 """The torch.compile rows of the speedup study alone, at the sizes `erase-triton bench` compiles
-(study.COMPILE_AT), or a few of them:
+(erase_triton.bench.COMPILE_AT), or a few of them:
 
 - e2e compiled whole, loss included, with the host issuing every kernel ("compile") and captured
   in one CUDA graph ("compile+graph": the strongest e2e baseline);
@@ -24,18 +24,13 @@ replays vary by about ±1-3%).
 CUDA only.
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_head_every  # noqa: E402
-
-from erase_triton import LaunchConfig  # noqa: E402
-from erase_triton.study import COMPILE_AT, _tf32_metadata, bench_cases, compile_rows, time_step, write_csv  # noqa: E402
+from erase_triton import LaunchConfig
+from erase_triton.bench import COMPILE_AT, bench_cases, compile_rows, parse_head_every, tf32_metadata, time_step, write_csv
 
 
 def main():
@@ -75,7 +70,7 @@ def main():
         if args.only is not None:  # in the order given
             some = [c for key in dict.fromkeys(args.only) for c in some if c[0] == key]
         cases += some
-    meta = _tf32_metadata()
+    meta = tf32_metadata()
     rows = []
     for key, name, desc, build in cases:
         t = time.time()
@@ -97,7 +92,7 @@ def main():
             for occ in besides:  # erase with compiled blocks, the heads beside the next segment at this occupancy
                 model, inputs = build()
                 for hd in model.heads:
-                    hd._beside_config = LaunchConfig(None if occ == 1 else occ)
+                    hd.beside_config = LaunchConfig(None if occ == 1 else occ)
                 batch.append(dict(model=name, **desc, exec="compile+graph", mode="erase", beside=occ,
                                   **time_step(model, inputs, "erase", True, compiled=True)))
                 del model, inputs

@@ -12,18 +12,12 @@ has its blocks compiled first (`compile_blocks`; e2e too, so the three rows comp
 CUDA only.
 """
 import argparse
-import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table  # noqa: E402
-
-from erase_triton import Scheduler  # noqa: E402
-from erase_triton.study import (_tf32_metadata, median_ms, mlp_workload, time_step,  # noqa: E402
-                                transformer_workload, write_csv)
+from erase_triton import Scheduler
+from erase_triton.bench import median_ms, mlp_workload, print_table, tf32_metadata, time_step, transformer_workload, write_csv
 
 SIZES = {
     "mlp:512:1024:tf32": lambda: mlp_workload(512, 1024, torch.float32),
@@ -62,7 +56,7 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_early_update.py needs CUDA (graphed steps, CUDA events)")
-    meta = _tf32_metadata()
+    meta = tf32_metadata()
     rows = []
     for size in args.only or SIZES:
         build = SIZES[size]

@@ -10,18 +10,14 @@ kernel launches per call.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import copy_bandwidth_gbs, host_us, metadata, print_table, write_csv  # noqa: E402
-
-from erase_triton import LaunchConfig, fused_local_head  # noqa: E402
-from erase_triton.reference import head_loss  # noqa: E402
+from erase_triton import LaunchConfig, fused_local_head
+from erase_triton.bench import copy_bandwidth_gbs, host_us, metadata, print_table, write_csv
+from erase_triton.reference import head_loss
 
 MATMUL_TFLOPS = 790.0
 

@@ -16,16 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import metadata, parse_head_every, print_table, write_csv  # noqa: E402
-
-from erase_triton.plots import plot_quality  # noqa: E402
-from erase_triton.study import read_csv  # noqa: E402
-from erase_triton.train import train_ctr, train_transformer  # noqa: E402
+from erase_triton.bench import metadata, parse_head_every, print_table, read_csv, write_csv
+from erase_triton.bench.plots import plot_quality
+from erase_triton.train import train_ctr, train_transformer
 
 MODES = ["e2e", "sequential", "erase"]
 

@@ -8,16 +8,14 @@ step time from CUDA events: graphed steps one mode at a time, eager steps with t
 interleaved on one model (`time_eager_modes`), with a paired estimate (the median over
 rounds of sequential's time / each variant's in the same round); peak memory of the eager
 step. An event round times one step, not a run: for a run's throughput add --wall-steps K (blocks of K
-steps of one variant, by the wall clock; at w >= 1024 b16384 the two differ, see probe_sustained.py).
+steps of one variant, by the wall clock; at w >= 1024 b16384 the two differ: docs/results.md).
 --free-heads adds graphed erase with zero-cost heads (`FreeHead`): PyTorch heads / free heads
 bounds what any head implementation can buy; each config gets two such rows: "free" sends a
 constant gradient into the block, "free-replayed" the first step's real head gradient, so the block's
 backward GEMMs multiply the same kind of data as with a real head (a constant toggles few bits and
 can run faster on a power-limited GPU). --compiled-heads adds graphed erase with compiled PyTorch heads
 (`CompiledTorchHead`, the strongest PyTorch head), --compile-blocks compiles every model's blocks
-(`compile_blocks`). --stream-heads adds graphed erase with `StreamHead`s (MLP
-only): the fused kernel's bytes, tiles and grid, the real gradient, none of its math; fused against
-stream heads is what the kernel's compute structure costs the step. Erase runs with the Scheduler's stream
+(`compile_blocks`). Erase runs with the Scheduler's stream
 priorities (--priorities, default the library's "tail"), and each config adds one erase variant
 with priorities off (or "rising", with --priorities off), graphed and eager, in the same run:
 summary columns *_equal_prio / eager_equal_priority_vs_seq*. --relu-in-head on|both: MLP
@@ -38,15 +36,12 @@ import contextlib
 import dataclasses
 import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import metadata, print_table, write_csv  # noqa: E402
-
-from erase_triton import LaunchConfig, Scheduler, compile_blocks  # noqa: E402
-from erase_triton.study import mlp_workload, time_eager_modes, time_step, transformer_workload, with_heads  # noqa: E402
+from erase_triton import LaunchConfig, Scheduler, compile_blocks
+from erase_triton.bench import (metadata, mlp_workload, print_table, time_eager_modes, time_step, transformer_workload,
+                                with_heads, write_csv)
 
 MLP_CONFIGS = [(256, 1024), (512, 1024), (512, 4096), (1024, 4096), (1024, 16384), (2048, 16384)]
 MODES = ["e2e", "sequential", "erase"]
@@ -78,7 +73,7 @@ def _group_tiles(model, heads, group_tiles=None):
     if heads == "fused" and group_tiles:
         for hd in model.heads:
             hd.config = dataclasses.replace(hd.config, group_tiles=group_tiles)
-            hd._beside_config = dataclasses.replace(hd._beside_config, group_tiles=group_tiles)
+            hd.beside_config = dataclasses.replace(hd.beside_config, group_tiles=group_tiles)
     return model
 
 
@@ -100,7 +95,7 @@ def _launch_configs(model, beside, final):
     segment, and the final head's."""
     if beside:
         for hd in model.heads:
-            hd._beside_config = _config(beside)
+            hd.beside_config = _config(beside)
     if final:
         model.heads[-1].config = _config(final)
     return model
@@ -140,7 +135,7 @@ def _sched(mode, **kw):
     return Scheduler(mode, priorities=PRIORITIES, **kw)
 
 
-BOUNDS = ("free", "free-replayed", "stream")  # heads that only bound what a head can buy
+BOUNDS = ("free", "free-replayed")  # heads that only bound what a head can buy
 GRAPHED_ONLY = BOUNDS + ("torch-compile",)  # heads timed in graphed erase alone
 COMPILE_BLOCKS = False  # --compile-blocks
 
@@ -161,8 +156,6 @@ def run_grid(cases, rows, ring_sizes=(2,), save=None, execs=(False, True), iters
     for desc, build in cases:
         for heads in ("torch", "fused") + tuple(bounds):
             if heads in GRAPHED_ONLY:  # graphed erase only: bounds and baselines for graph_fused_vs_torch_heads
-                if heads == "stream" and desc["model"] != "mlp":  # StreamHead: C=1 heads only
-                    continue
                 if True in execs:
                     model, inputs = build(heads)
                     ms, peak = measure(model, inputs, "erase", True)
@@ -266,8 +259,6 @@ def summarize(rows):
             g.get(("free", "graph", "erase"), float("nan"))
         if ("free-replayed", "graph", "erase") in g:
             s["graph_free_replayed_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("free-replayed", "graph", "erase")]
-        if ("stream", "graph", "erase") in g:  # the fused kernel's bytes, without its math
-            s["graph_stream_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("stream", "graph", "erase")]
         if ("torch-compile", "graph", "erase") in g:  # the strongest PyTorch head: compiled
             s["graph_fused_vs_compiled_heads"] = g[("torch-compile", "graph", "erase")] / g[("fused", "graph", "erase")]
             s["graph_compiled_vs_torch_heads"] = g[("torch", "graph", "erase")] / g[("torch-compile", "graph", "erase")]
@@ -308,9 +299,6 @@ def main():
     ap.add_argument("--free-heads", action="store_true",
                     help="also time graphed erase with zero-cost heads (the bound on fused vs PyTorch heads): "
                          "a constant gradient (free) and the first step's real one (free-replayed)")
-    ap.add_argument("--stream-heads", action="store_true",
-                    help="also time graphed erase with stream heads (StreamHead, MLP only: the fused kernel's bytes, "
-                         "tiles and grid without its math); summary column graph_stream_vs_torch_heads")
     ap.add_argument("--compiled-heads", action="store_true",
                     help="also time graphed erase with compiled PyTorch heads (CompiledTorchHead: the head's logits "
                          "and loss under torch.compile); summary columns graph_fused_vs_compiled_heads, "
@@ -374,7 +362,7 @@ def main():
     execs = {"both": (False, True), "eager": (False,), "graph": (True,)}[args.exec]
     run_grid(cases, rows, save=lambda r: write_csv(args.out, r, meta), execs=execs, iters=args.iters,
              wall_steps=args.wall_steps,
-             bounds=(("free", "free-replayed") if args.free_heads else ()) + (("stream",) if args.stream_heads else ())
+             bounds=(("free", "free-replayed") if args.free_heads else ())
              + (("torch-compile",) if args.compiled_heads else ()), early=args.early_update)
     write_csv(args.out, rows, meta)
     summ = summarize(rows)

@@ -1,4 +1,8 @@
-"""`erase-triton` command: train | bench | sweep | trace | plot."""
+"""`erase-triton` command: train | bench | sweep | trace | plot.
+
+Every user mistake ends in one `error: ...` line and exit status 2, before any work starts.
+Under `torchrun --nproc_per_node N`, `train` runs data-parallel (docs/api.md#many-gpus).
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,55 +13,122 @@ import sys
 import torch
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _fail(msg: str):
+    print(f"erase-triton: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _writable_file(path: str | None, what: str):
+    """Fail now, not after training, if `path` cannot be written."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        _fail(f"{what} {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        _fail(f"{what} {path!r} is not writable")
+
+
+def _out_dir(path: str) -> str:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        _fail(f"--out {path!r}: {e.strerror}")
+    if not os.access(path, os.W_OK):
+        _fail(f"--out {path!r} is not writable")
+    return path
+
+
 def _device(name: str | None) -> str:
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        sys.exit("error: --device cuda given but no CUDA device is visible")
+        _fail("--device cuda given but no CUDA device is visible")
     return name
 
 
+def _cpu_notice(cmd: str):
+    if not torch.cuda.is_available():
+        print(f"note: no CUDA device: `{cmd}` runs one small size a model on the CPU to show the pipeline; "
+              "its times say nothing about GPU speed (the committed H200 results do: benchmarks/results/)",
+              file=sys.stderr)
+
+
 def cmd_train(a):
+    from .distributed import launch_from_env
     from .train import train_ctr, train_transformer, write_json
 
-    dev = _device(a.device)
-    if a.graph and dev != "cuda":
-        sys.exit("error: --graph needs --device cuda (CUDA graphs)")
+    dist = launch_from_env(a.device)  # torchrun: process group up, this rank's device chosen
+    dev = dist.device if dist is not None else _device(a.device)
+    if a.graph and not str(dev).startswith("cuda"):
+        _fail("--graph needs a CUDA device (CUDA graphs)")
+    if a.backend == "triton" and not str(dev).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        _fail("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow interpreter on CPU)")
+    rank0 = dist is None or dist.rank == 0
+    if rank0:
+        _writable_file(a.json, "--json")
+        _writable_file(a.plot, "--plot")
     kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed,
-              backend=a.backend, head_every=a.head_every)
+              backend=a.backend, head_every=a.head_every, distributed=dist is not None, progress=rank0)
+    try:
+        if a.model == "ctr":
+            r = train_ctr(data=a.data, embedding=a.embedding, **kw)
+        else:
+            r = train_transformer(**kw)
+    finally:
+        if dist is not None:
+            dist.close()
+    if not rank0:
+        return
+    world = f" ranks={r['world_size']}" if r.get("world_size", 1) > 1 else ""
     if a.model == "ctr":
-        r = train_ctr(data=a.data, embedding=a.embedding, **kw)
         print(f"ctr/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} "
-              f"batch={r['batch_size']} device={r['device']}"
+              f"batch={r['batch_size']}{world} device={r['device']}"
               f"{' graph' if r['graph'] else ''}\n  test NE {r['ne']:.4f}   AUC {r['auc']:.4f}   log loss "
               f"{r['logloss']:.4f}\n  {r['examples_per_s']:,.0f} examples/s   peak memory {r['peak_memory_mb']:.0f} MB")
     else:
-        r = train_transformer(**kw)
         print(f"transformer/{r['data']} mode={r['mode']} head_every={r['head_every']} steps={r['steps']} "
-              f"batch={r['batch_size']} device={r['device']}"
+              f"batch={r['batch_size']}{world} device={r['device']}"
               f"\n  validation perplexity {r['perplexity']:.3f}\n  {r['examples_per_s']:,.0f} sequences/s "
               f"({r['tokens_per_s']:,.0f} tokens/s)   peak memory {r['peak_memory_mb']:.0f} MB")
     write_json(r, a.json)
     if a.json:
         print(f"  wrote {a.json}")
+    if a.plot:
+        from .bench.plots import plot_training
+
+        plot_training(r, a.plot)
+        print(f"  loss curve: {a.plot}")
 
 
 def cmd_bench(a):
-    from .plots import plot_bench
-    from .study import bench
+    from .bench import bench
+    from .bench.plots import plot_bench
 
+    _cpu_notice("erase-triton bench")
     models = ("ctr", "transformer") if a.model == "all" else (a.model,)
-    rows = bench(a.out, quick=a.quick, compile_baseline=not a.no_compile, models=models, eager=a.eager,
+    rows = bench(_out_dir(a.out), quick=a.quick, compile_baseline=not a.no_compile, models=models, eager=a.eager,
                  embedding=a.embedding)
     plot_bench([{k: str(v) for k, v in r.items()} for r in rows], os.path.join(a.out, "bench.png"))
     print(f"wrote {a.out}/bench.csv and bench.png")
 
 
 def cmd_sweep(a):
-    from .plots import plot_sweep
-    from .study import sweep
+    from .bench import sweep
+    from .bench.plots import plot_sweep
 
-    rows = sweep(a.out, quick=a.quick)
+    _cpu_notice("erase-triton sweep")
+    rows = sweep(_out_dir(a.out), quick=a.quick)
     plot_sweep([{k: str(v) for k, v in r.items()} for r in rows], os.path.join(a.out, "sweep.png"))
     best = {}
     for r in rows:
@@ -70,36 +141,44 @@ def cmd_sweep(a):
 
 
 def cmd_trace(a):
-    from .study import trace
+    if not torch.cuda.is_available():
+        _fail("trace needs a CUDA device (kernel timelines come from CUPTI); the committed H200 timelines are "
+              "under benchmarks/results/")
+    from .bench import trace
 
     execs = {"both": ("graph", "eager"), "graph": ("graph",), "eager": ("eager",)}[a.exec]
-    for s in trace(a.out, steps=a.steps, only=a.only, execs=execs):
+    for s in trace(_out_dir(a.out), steps=a.steps, only=a.only, execs=execs):
         print(json.dumps(s))
     print(f"wrote traces and timelines under {a.out}")
 
 
 def cmd_plot(a):
-    from .plots import plot_file
+    from .bench.plots import plot_file
 
+    for p in a.results:
+        if not os.path.isfile(p):
+            _fail(f"{p!r} is not a file")
+    if a.out:
+        _out_dir(a.out)
     drawn = 0
     for p in a.results:
         try:
             print(plot_file(p, a.out))
             drawn += 1
-        except ValueError as e:  # e.g. a raw CSV whose summary is the plotted one
-            print(f"skipped: {e}", file=sys.stderr)
+        except (ValueError, KeyError, UnicodeDecodeError) as e:  # not a result CSV of a known study
+            print(f"skipped {p}: {e}", file=sys.stderr)
     if not drawn:
-        raise SystemExit("no plot drawn")
+        _fail("no plot drawn: none of the files is a result CSV of a known study")
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="erase-triton", description="Early backpropagation (ERASE) with fused Triton heads")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train a CTR model or the byte-level transformer")
+    t = sub.add_parser("train", help="train a CTR model or the byte-level transformer (torchrun: data-parallel)")
     t.add_argument("--model", choices=["ctr", "transformer"], default="ctr")
     t.add_argument("--mode", choices=["e2e", "sequential", "erase"], default="erase")
-    t.add_argument("--steps", type=int, default=None, help="default: 400 (ctr, CPU) / 300 (transformer, CPU)")
-    t.add_argument("--batch-size", type=int, default=None)
+    t.add_argument("--steps", type=_positive_int, default=None, help="default: 400 (ctr, CPU) / 300 (transformer, CPU)")
+    t.add_argument("--batch-size", type=_positive_int, default=None, help="per rank under torchrun")
     t.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if visible")
     t.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph")
     t.add_argument("--data", choices=["movielens", "synthetic"], default="movielens", help="ctr data")
@@ -112,6 +191,7 @@ def main(argv=None):
     t.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
                    help="head backend: auto = Triton on CUDA, PyTorch on CPU")
     t.add_argument("--json", default=None, help="write the summary here")
+    t.add_argument("--plot", default=None, help="save the loss curve here (PNG)")
     t.set_defaults(fn=cmd_train)
     for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile (host-issued and graphed)"),
                                ("sweep", cmd_sweep, "step time against the heads' occupancy and ring size")]:
@@ -127,7 +207,7 @@ def main(argv=None):
         p.set_defaults(fn=fn)
     tr = sub.add_parser("trace", help="profiler traces + stream timelines of erase steps (CUDA)")
     tr.add_argument("--out", default="runs")
-    tr.add_argument("--steps", type=int, default=3)
+    tr.add_argument("--steps", type=_positive_int, default=3)
     tr.add_argument("--only", default=None, help="only the configs whose name contains this")
     tr.add_argument("--exec", default="both", choices=["both", "graph", "eager"], help="graph replays, eager steps or both")
     tr.set_defaults(fn=cmd_trace)
@@ -135,7 +215,11 @@ def main(argv=None):
     pl.add_argument("results", nargs="+")
     pl.add_argument("--out", default=None, help="folder for the PNGs (default: beside each CSV)")
     pl.set_defaults(fn=cmd_plot)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     a.fn(a)
 
 

@@ -7,9 +7,10 @@ the block that produced ``h`` at once, and returns ``h.detach()`` for the next
 block. Under an active `Scheduler` the mode decides ("e2e" turns non-final heads
 into identities; "erase" moves the backward onto the segment's stream).
 
-``model.compile()`` works as on any model: the heads are compile boundaries
-(``torch.compiler.disable``), so each block between two heads is compiled and the
-schedule (streams, events, early backwards) stays in Python.
+Each head is a ``torch.compile`` boundary (``torch.compiler.disable``). To compile the blocks
+between heads use `erase_triton.compile_blocks(model)`: a whole-model ``model.compile()`` gets no
+compiled kernels here (every head is a graph break, and Dynamo runs a frame that breaks inside a
+loop uncompiled).
 
 ``activation="relu"`` takes over the block's last ReLU: the block ends at the
 pre-activation x, the head returns relu(x) for the next block and computes its loss
@@ -35,25 +36,18 @@ from .reference import linear_head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
 
-# Measured SM fraction for heads running beside the next forward (erase-triton sweep, H200,
-# graphed erase, session 11: within 0.41% of the best of six fractions on the CTR proxy and the
-# transformer at two sizes each; 1/4 0.5% and the whole device 0.9% above the best on average.
-# Session 4, with the vocabulary kernel on the transformer: 1.41 ms at 1/8 vs 1.63 ms at 1).
-# With occupancy="auto" a head uses it under an erase scheduler on CUDA streams, and the whole
-# device otherwise (nothing runs beside it there).
+# SM fraction of an "auto" head beside the next forward: the occupancy sweep's best (docs/tuning.md#side-head-occupancy)
 DEFAULT_OCCUPANCY = 0.125
-# ...except for large inputs: from 2^25 elements of h (N x D, e.g. 16384 rows of 2048) the next
-# segment's GEMMs fill the device by themselves, and a head confined to 1/8 of it only takes
-# 8x longer to free its block's backward. H200, graphed erase (bench_schedule --beside,
-# `sched_s10e_w2048`, `sched_s10f_w1024`): whole-device side heads 1.1-1.7% faster at w2048
-# b16384 (2^25). At 2^24 the evidence is mixed: MLP w1024 b16384 bf16 +2.6%, tf32 equal, and the
-# CTR proxy at w1024 b16384 0.9-1.7% slower (`sweep.csv`, sessions 11 and 4); at w1024 b4096
-# (2^22) 1/8 was equal or 1.5% faster, and at w <= 512 (session 9) within ±2% either way. Session
-# 11 ran the graphed grid with this rule as the default: erase / sequential >= 1.005 everywhere.
+# ...and the whole device from this many elements of h, where the next GEMMs fill it anyway (same section)
 WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
 
-_AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
+_AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)
+
+
+def _distributed_world() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1  # occupancy="auto" beside the next segment (the size rule applies)
 
 
 class LocalHead(nn.Module):
@@ -69,9 +63,15 @@ class LocalHead(nn.Module):
     activation: None, or "relu": the head applies the block's last ReLU itself (it receives
     the pre-activation, returns its ReLU) and the fused kernel back-propagates through it,
     saving the ReLU's backward pass; backend="torch" runs a plain F.relu under autograd.
+
+    Launch settings (public, settable between steps): `config`, the `LaunchConfig` of a head
+    nothing runs beside (sequential, e2e, the final head), and `beside_config`, the one of a head
+    beside the next segment (erase on CUDA streams; with occupancy="auto" the size rule of
+    `launch_config` applies to it).
     """
 
     _torch_loss = staticmethod(linear_head_loss)  # the PyTorch path's loss (a subclass may compile it)
+    data_parallel = None  # set by erase_triton.distributed.data_parallel (or local_only)
 
     def __init__(self, in_features: int, out_features: int = 1, loss: str = "bce", *, bias: bool = True,
                  occupancy: float | str | None = "auto", final: bool = False, reduction: str = "mean",
@@ -92,7 +92,7 @@ class LocalHead(nn.Module):
             raise ValueError(f"occupancy must be a fraction in (0, 1], None or 'auto', got {occupancy!r}")
         self.auto_occupancy = config is None and occupancy == "auto"
         self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
-        self._beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
+        self.beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -116,9 +116,9 @@ class LocalHead(nn.Module):
         """The kernel's LaunchConfig for input h; beside: the next segment runs concurrently."""
         if not beside:
             return self.config
-        if self._beside_config is _AUTO_BESIDE and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
+        if self.beside_config is _AUTO_BESIDE and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
             return self.config  # "auto" on a large input: the whole device
-        return self._beside_config
+        return self.beside_config
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         """The head's activation as a plain autograd op (identity without one)."""
@@ -137,6 +137,15 @@ class LocalHead(nn.Module):
         if not (self.training and torch.is_grad_enabled()):
             return self.act(h)
         sched = context.current()
+        if self.data_parallel is None and _distributed_world() > 1:
+            raise RuntimeError(
+                "LocalHead in a distributed run (world size > 1) on a model not prepared by "
+                "erase_triton.distributed.data_parallel(model): a whole-model DistributedDataParallel or "
+                "fully_shard gives each rank different gradients with ERASE. Call data_parallel(model) on the "
+                "plain model (or erase_triton.distributed.local_only(model) for a rank-local model)")
+        if sched is None and self.data_parallel is not None and not self.data_parallel.local:
+            raise RuntimeError("a data-parallel LocalHead runs inside Scheduler.step() (the scheduler issues "
+                               "each segment's gradient all-reduce); wrap the training step in `with sched.step():`")
         mode = sched.mode if sched is not None else "sequential"
         if mode == "e2e" and not self.final:
             return self.act(h)

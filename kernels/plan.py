@@ -20,16 +20,8 @@ __all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
-# "ce" with C up to this takes the dense kernel (logits of a row tile in registers);
-# above it, the vocabulary kernel. The threshold is measured (benchmarks/bench_ce_path.py).
-DENSE_CE_MAX_C = 64
-# "ce" with DENSE_CE_MAX_C < C <= SMALL_CE_MAX_C takes the small-vocabulary kernel (a row
-# tile's C logits in registers, dz through L2 scratch, grad_W split over row groups); above
-# it, the vocabulary kernel. Measured: benchmarks/bench_ce_path.py. H200 at 256 < C <= 512
-# (ce_path_s9_bf16.csv, _fp32.csv; N=4096-8192, D=256-1024): bf16 1.4-3.0x faster than the
-# vocabulary kernel on the whole device, 1.3-2.8x at occupancy 1/8; fp32 faster in 6 of 8
-# cases (C=512 D=512 whole device 387 vs 338 us; D=256 at 1/8 a tie).
-SMALL_CE_MAX_C = 512
+DENSE_CE_MAX_C = 64  # "ce" up to here: the dense kernel (docs/tuning.md#ce-kernel-thresholds)
+SMALL_CE_MAX_C = 512  # up to here the small-vocabulary kernel, above it the vocabulary kernel (same section)
 MAX_VOCAB = 131072
 
 
@@ -86,45 +78,29 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     if cfg.block_d:
         bd = cfg.block_d
     elif block_c * dp <= 8192 and (dp <= 1024 or (block_c == 1 and dp <= 4096)):
-        # whole rows in one tile: h is read once (two passes over D-chunks read it twice), W once
-        # per program. C=1 keeps whole rows up to D=4096 (4 or 2 rows a tile: the same 8192
-        # elements as 8 rows of 1024); session 13 measured D=2048 (tune_dense_head_s13*.csv).
+        # whole rows in one tile: h read once, W once per program (docs/tuning.md#dense-head-tiles)
         bd = max(dp, 16)
     else:
         bd = 128
     rows_c1 = bd >= D and block_c == 1 and bd >= 512  # long whole rows, no tl.dot: a bandwidth-bound stream
     maxnreg = None  # ptxas' register cap (LaunchConfig.max_registers overrides)
     if rows_c1:
-        # H200 tile study (benchmarks/results/tune_dense_head.csv, BCE N=65536 D=1024 bf16):
-        # 8 rows x 1024 on 2 warps, two-stage pipelined row loop: 81 µs vs 107 µs for the
-        # previous 16 rows on 4 warps, unpipelined. At most 8 rows: at D=512, 8 rows (64 h
-        # elements a thread) beat 16 (side_head_tiles.csv, N=4096: 19.3 -> 15.0 µs at 1/8,
-        # 8.4 -> 7.5 µs whole device, bf16; tf32 20.5 -> 14.6 and 9.5 -> 9.2).
-        # fp32 rows of 2048+: half the tile on 4 warps, unpipelined (32 h elements a thread).
-        # H200, BCE N=16384 (tune_dense_head_s13b_fp32.csv): D=2048 73.3 vs 80.0 µs (N=4096:
-        # 23.5 vs 26.1), D=4096 145.8 vs 159.3; bf16 keeps 8192-element tiles (43.3 vs 44.6 µs).
+        # a bandwidth-bound stream: 8 rows of 1024 on 2 warps, pipelined; fp32 rows of 2048+ half
+        # the tile on 4 warps (docs/tuning.md#dense-head-tiles)
         half = esize == 4 and bd >= 2048
         bn = cfg.block_n or max(1, min(8, (4096 if half else 8192) // bd))
         warps, stages = (4, 1) if half else (2, 2)
-        # Beside another stream (occupancy < 1) a program's row tiles run as a dependent chain, and
-        # its length is N / (rows a tile x programs); ptxas' default of ~200 registers a thread fits
-        # 5 programs an SM. Capped at 128 (some spills), 8 fit: H200, 8 x 512 tiles at 1/8
-        # (side_head_regs_s14e.csv): N=4096 tf32 15.1 -> 10.8 µs, bf16 15.3 -> 11.1, N=1024 tf32
-        # 6.8 -> 5.8. The whole device gains nothing (one tile a program already). Measured at D=512.
-        # fp32 only: in the graphed MLP w512 step (sched_s14f) the capped bf16 side heads made the
-        # step 1.5-4.5% slower (fused / PyTorch heads b1024 1.21 -> 1.15, b4096 with the ReLU in
-        # the head 1.13 -> 1.08), while tf32 held or gained (b4096, ReLU in the head, 1.14 -> 1.16).
+        # beside another stream, 128 registers fit 8 programs an SM instead of 5 (fp32 only;
+        # docs/tuning.md#dense-head-tiles)
         if esize == 4 and bd == 512 and cfg.occupancy is not None and cfg.occupancy < 1:
-            maxnreg = 128  # (CUDA launches only: `_plan` and `stream_head` drop it under the interpreter)
+            maxnreg = 128  # (CUDA launches only: `plan_for` drops it under the interpreter)
     elif bd >= D and block_c == 1:
-        # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined. H200 study:
-        # N=1024 D=128 7.1 µs at 32 rows vs 12.0 µs at 128 rows; D=256 7.7 vs 13.9 µs at 16 vs 64
-        # rows. A two-stage loop costs 45-66 µs there (one tile a program: nothing to overlap).
+        # short whole rows (launch-bound sizes): more, smaller tiles, unpipelined (docs/tuning.md#dense-head-tiles)
         bn = cfg.block_n or max(16, min(128, 4096 // bd))
         warps, stages = 4, 1
     else:
         bn = cfg.block_n or (max(16, min(128, 16384 // bd)) if bd >= D else 64)
-        # measured on H200 (benchmarks/NOTES.md): 4 warps beat 8 for whole-row tiles
+        # 4 warps beat 8 for whole-row tiles (docs/tuning.md#dense-head-tiles)
         warps = 4 if bd >= D and bn * bd <= 16384 else (8 if bn * bd >= 8192 else 4)
         stages = 1
     if not cuda:  # interpreter: cost is per op, so take big tiles
@@ -135,15 +111,9 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
     # phase R: column chunks of 16 over 256 group rows (16 KB a load): C*D = 1024 gives 65
     # items, so the fixed-order sum is spread over the grid instead of a few programs.
     br = 16 if C * D <= 65536 else 64
-    # Not deterministic: float atomics replace the barrier and phase R where the weight fits
-    # one tile; the last program then writes the C*D + C + 1 sums out in chunks of BLOCK_R.
-    # With no barrier waiting on other programs, the row tiles can be split statically
-    # (STRIDED: tiles p, p+P, ... in one pipelined loop, no claims), and the end-of-kernel atomics
-    # go to ACC_COPIES accumulators (programs' adds on each address spread 4 ways; the last
-    # program out sums the copies in [4, BLOCK_R] loads). LaunchConfig(group_tiles=k) keeps claimed
-    # groups of k tiles instead of the static split. H200, BCE D=1024 bf16
-    # (tune_dense_head_fixed_s5a.csv, _s5b.csv): N=65536 76.2-77.1 vs 78.3-78.5 us with claimed groups and one
-    # accumulator; N=8192 13.9 vs 16.7-16.8 us; N=1024 D=256 5.9 vs 6.5-6.6 us.
+    # Not deterministic and the weight in one tile: float atomics into ACC_COPIES accumulators replace
+    # the barrier and phase R, and the row tiles are split statically (STRIDED: no claims);
+    # LaunchConfig(group_tiles=k) keeps claimed groups of k tiles (docs/tuning.md#atomic-or-deterministic-sums)
     atomic = not deterministic and bd >= D
     if atomic:
         # the last program's sum of the copies in one pass where it fits 2048 columns (C=1 D=512: 514
@@ -170,12 +140,8 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
     if cfg.block_n is not None and cfg.block_n < 16:
         raise ValueError(f"block_n must be >= 16 for the small-vocabulary CE kernel (tl.dot tiles), got {cfg.block_n}")
     if cuda:
-        # phase A: 64-row tiles, K chunks of 64 (logits) and D chunks of 64 (grad_h), both
-        # pipelined 3 deep; phase B: [128, 128] grad_W tiles over 64-row steps. ptxas, sm_90a,
-        # C=256 D=512 (benchmarks/compile_report.py): bf16 238 registers, no spills, 136 KB
-        # shared; fp32 needs chunks of 32 to fit (234 registers, 168 KB; with 64: 272 KB).
-        # 128-row tiles (m64n256 wgmmas, half the W traffic) spill 376 bytes and run 12% faster
-        # at 1/8 but 34% slower on the whole device (half as many tiles): not taken.
+        # phase A: 64-row tiles, chunks of 64 (fp32: 32, to fit shared memory), 3 stages; phase B:
+        # [128, 128] grad_W tiles over 64-row steps (docs/tuning.md#small-vocabulary-ce-tiles)
         chunk = 64 if esize <= 2 else 32
         # C in (256, 512]: 32-row tiles keep the logits at 64 registers a thread
         bn, bk, bdc = cfg.block_n or (64 if block_c <= 256 else 32), min(dp, chunk), min(dp, chunk)
@@ -187,11 +153,8 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
         warps, stages = cfg.num_warps or 4, cfg.num_stages or 1
     # phase R: few row groups at low occupancy (2 at 1/8 on the H200), so 2 group rows x 2048
     # columns a load: a quarter of the items (latency-bound, a few per program) of 8 x 512
-    # GH_T (16-bit inputs, C <= 256): grad_h^T = W^T dz^T, with dz^T written to shared memory once
-    # a tile as wgmma's B operand; otherwise dz is the register operand, reloaded from shared
-    # memory every D chunk. H200, bf16, C=256 (ce_small_sets_s12a.csv): N=8192 D=512 198 -> 183 µs
-    # at 1/8 (phase A 151 -> 134), 41.0 -> 40.1 µs whole device; N=4096 D=256 73.1 -> 69.6 and
-    # 30.0 -> 29.2. tf32 has no transposed shared-memory operand for wgmma (GH_T falls back to mma v2).
+    # GH_T (16-bit inputs, C <= 256): grad_h^T = W^T dz^T with dz^T as wgmma's shared-memory operand
+    # (docs/tuning.md#small-vocabulary-ce-tiles)
     return dict(NUM_STAGES=stages, BLOCK_N=bn, BLOCK_C=block_c, BLOCK_K=bk, BLOCK_DC=bdc,
                 BLOCK_CW=min(bcw, block_c), BLOCK_DW=bdw, BLOCK_KW=bkw, BLOCK_G=2, BLOCK_R=2048, PHASES=3,
                 GH_T=esize <= 2 and block_c <= 256, num_warps=warps)
@@ -232,7 +195,7 @@ _PLANS: dict = {}
 
 
 def _cdiv(a: int, b: int) -> int:
-    # not triton.cdiv: that is a @jit function, and calling it from the host costs ~5 µs
+    # not triton.cdiv: a @jit function, slow to call from the host (docs/tuning.md#host-path)
     return -(-a // b)
 
 

@@ -288,7 +288,7 @@ def test_capture_under_autocast_reads_the_current_weights():
     # Scheduler.capture turns autocast's cache off for its warm-up and capture. The check (a fresh process
     # each: autocast's cache is per thread) compares the replayed step's output after an in-place update
     # with an eager step's; with the cache left on (the control) it must report stale casts.
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "check_autocast_capture.py")
+    script = os.path.join(os.path.dirname(__file__), "autocast_capture_check.py")
     fresh = subprocess.run([sys.executable, script], capture_output=True, text=True)
     assert fresh.returncode == 0 and "fresh" in fresh.stdout, fresh.stdout + fresh.stderr
     control = subprocess.run([sys.executable, script, "--cache-on"], capture_output=True, text=True)
@@ -299,7 +299,7 @@ def test_erase_bitwise_equals_sequential_at_equal_occupancy():
     torch.manual_seed(0)
     model = mlp_chain()
     for hd in model.heads:
-        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.25, deterministic=True)
+        hd.config = hd.beside_config = et.LaunchConfig(occupancy=0.25, deterministic=True)
     x, y = torch.randn(4096, 512, device=dev), torch.rand(4096, device=dev).round()
     seq = step_grads(model, "sequential", x, y)
     era = step_grads(model, "erase", x, y)
@@ -314,7 +314,7 @@ def test_adaptive_erase_forks_when_gpu_is_behind():
     torch.manual_seed(0)
     model = mlp_chain(256)
     for hd in model.heads:
-        hd.config = hd._beside_config = et.LaunchConfig(occupancy=0.125, deterministic=True)
+        hd.config = hd.beside_config = et.LaunchConfig(occupancy=0.125, deterministic=True)
     x, y = torch.randn(1024, 256, device=dev), torch.rand(1024, device=dev).round()
 
     def step(sched):
@@ -451,7 +451,7 @@ def test_early_updates_capture_equals_stepping_after(mode, relu):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     # twelve steps in, the heads' float-atomic partial sums (non-deterministic order) have drifted
-    # apart by more than 1e-5 on a small bias in 2 of 5 runs on the H200 (session 18): the tolerance
+    # apart by more than 1e-5 on a small bias in 2 of 5 runs on the H200: the tolerance
     # of the compiled-blocks training test. A stream race (an update reading a gradient before its
     # backward, or a parameter stepped twice) moves parameters by lr x grad, far above it.
     for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):

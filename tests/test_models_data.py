@@ -104,7 +104,7 @@ def test_ctr_erase_equals_sequential(backend):
 def assert_modes_match(model, inputs, ref, want):
     """erase == sequential == `want` (the grads of a detached reference written by hand on `ref`, a
     copy of `model`), and e2e == plain autograd through every block (e2e_loss_fn on `ref`)."""
-    from erase_triton.study import e2e_loss_fn
+    from erase_triton.bench import e2e_loss_fn
 
     def grads(mode):
         model.zero_grad(set_to_none=True)
@@ -301,13 +301,10 @@ def test_cli_graph_needs_cuda():
 def test_plot_committed_results(tmp_path):
     from erase_triton.cli import main
 
-    csvs = [os.path.join(RESULTS, f) for f in sorted(os.listdir(RESULTS))
-            if f.endswith(".csv") and f.split(".")[0] in ("local_head_quick", "sweep", "schedule_summary", "bench",
-                                                          "quality_summary", "tune_dense_head", "partition",
-                                                          "side_head_stream_s14d", "sched_s14g_summary", "early_update_s18",
-                                                          "bench_compile_s19d", "early_update_s19b",
-                                                          "sched_s22a_eager_wall_summary", "eager_sustained_s22d_hold",
-                                                          "graphed_sustained_s22e", "ctr_sustained_s23a", "head_latency_s23c")]
+    plotted = ("compile", "compile_head_every", "early_update", "early_update_compiled", "local_head",
+               "quality_ctr_summary", "quality_lm_summary", "schedule_eager_wall_summary", "schedule_grid_summary",
+               "speedup_curves", "sweep")  # the committed figures under benchmarks/plots/
+    csvs = [os.path.join(RESULTS, f + ".csv") for f in plotted]
     assert csvs
     main(["plot", *csvs, "--out", str(tmp_path)])
     for c in csvs:
@@ -319,7 +316,7 @@ def test_compile_rows_keep_a_failing_baseline(monkeypatch):
     """The torch.compile rows: e2e compiled whole (host-issued, then graphed), then sequential and
     erase with compiled blocks (graphed), one row each; one that fails leaves a row with its error
     instead of losing the study."""
-    from erase_triton import study
+    from erase_triton.bench import studies as study
 
     calls = []
 
@@ -352,7 +349,7 @@ def test_compile_rows_keep_a_failing_baseline(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_graphed_compile_baseline_needs_cuda():
-    from erase_triton import study
+    from erase_triton.bench import studies as study
 
     name, desc, build = study.bench_cases(models=("ctr",))[0]
     model, inputs = build()
@@ -362,7 +359,7 @@ def test_graphed_compile_baseline_needs_cuda():
 
 def test_bench_cases_head_every():
     # head_every reaches both models' builds and their size dicts (bench_compile --head-every)
-    from erase_triton import study
+    from erase_triton.bench import studies as study
 
     cases = study.bench_cases(head_every=3)
     assert {name for name, *_ in cases} == {"ctr", "transformer"}
@@ -377,7 +374,7 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     import subprocess
     import sys
 
-    from erase_triton.study import read_csv, write_csv
+    from erase_triton.bench import read_csv, write_csv
     runs = tmp_path / "q.csv"
     write_csv(str(runs), [dict(model="transformer_k2", mode=m, seed=s, perplexity=p)
                           for m, s, p in [("e2e", 0, 3.0), ("e2e", 1, 3.2), ("erase", 0, 3.3), ("erase", 1, 3.3)]],
@@ -396,20 +393,7 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
 @pytest.mark.parametrize("script, args, message", [
     ("bench_compile.py", ["--head-every", "2,4"], "--head-every: expected 1, 2, 3 or 6"),
     ("bench_compile.py", ["--head-every", "x"], "--head-every: expected 1, 2, 3 or 6"),
-    ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]"),
-    ("probe_sustained.py", ["--configs", "2048:16384"], "--configs takes WIDTH:BATCH:DTYPE"),
-    ("probe_sustained.py", ["--configs", "2048:16384:fp16"], "must be tf32 or bf16"),
-    ("probe_sustained.py", ["--steps", "1"], "--steps must be >= 2"),
-    ("probe_sustained.py", ["--modes", "e2e,sequential"], "--modes takes erase and one or both"),
-    ("probe_sustained.py", ["--modes", "erase,seq"], "--modes takes erase and one or both"),
-    ("probe_sustained.py", ["--model", "ctr", "--configs", "512:4096:bf16"], "each config's dtype must be tf32"),
-    ("probe_sustained.py", ["--beside", "0.25,half"], "--beside takes OCC[:PPS][:FIELD=INT]"),
-    ("probe_sustained.py", ["--beside", "0.25:warps=4"], "--beside takes OCC[:PPS][:FIELD=INT]"),
-    ("probe_head_latency.py", ["--delays-us", "4,0"], "--delays-us takes positive numbers"),
-    ("probe_head_latency.py", ["--configs", "512:1024:fp16"], "must be tf32 or bf16"),
-    ("probe_head_latency.py", ["--captures", "0"], "--captures must be >= 1"),
-    ("probe_head_latency.py", ["--holds", "16:6,0:2"], "--holds takes SMS:US"),
-    ("probe_head_latency.py", ["--holds", "16"], "--holds takes SMS:US")])
+    ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
@@ -419,67 +403,3 @@ def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", script), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
-
-
-def test_probe_sustained_reads_nvidia_smi_samples(tmp_path):
-    # benchmarks/probe_sustained.py: nvidia-smi's CSV lines parsed (others skipped), and each
-    # variant's held windows matched with the samples inside them after the settling time
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_sustained.py")
-    spec = importlib.util.spec_from_file_location("probe_sustained", path)
-    pr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pr)
-    log = tmp_path / "smi.csv"
-    log.write_text("2026/12/04 18:40:00.000, 1980, 300.5, 0x0000000000000000\n"
-                   "[Unknown Error]\n"
-                   "2026/12/04 18:40:01.000, 1800, 690.0, 0x0000000000000004\n"
-                   "2026/12/04 18:40:01.500, 1780, 694.0, 0x0000000000000004\n"
-                   "2026/12/04 18:40:02.000, 1900, 650.0, 0x0000000000000000\n")
-    samples = pr._smi_samples(str(log))
-    assert [s[1] for s in samples] == [1980, 1800, 1780, 1900]
-    t = samples[0][0]
-    # one window [t, t+1.6] with 8 steps (the first 0.3 s skipped), one [t+1.9, t+2.1] with 2
-    got = pr.held_stats(samples, [(t, t + 1.6, 8), (t + 1.9, t + 2.1, 2)])
-    assert got["hold_ms_per_step"] == pytest.approx(1.8e3 / 10)
-    assert got["hold_samples"] == 2 and got["sm_mhz"] == 1790 and got["power_w"] == 692
-    assert got["throttle"] == "0x0000000000000004"
-    assert "sm_mhz" not in pr.held_stats(samples, [(t + 10, t + 11, 1)])  # no sample inside: no clock
-
-
-def test_probe_head_latency_variants(tmp_path):
-    # benchmarks/probe_head_latency.py: each variant's label, heads, head class and attributes, from the
-    # delays and holds asked for and the measured rates (cycles and spin iterations a microsecond)
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_head_latency.py")
-    spec = importlib.util.spec_from_file_location("probe_head_latency", path)
-    pr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pr)
-    runs = pr.variants([2.0, 16.0], [(16, 6.0), (132, 1.5)], cycles_us=1970.0, iters_us=130.0)
-    assert [r[0] for r in runs] == ["torch", "fused", "free-replayed", "delay2", "delay16", "hold16:6", "hold132:1.5"]
-    assert all(r[1] == r[0] and r[2] is None for r in runs[:3])
-    assert runs[3][1:] == ("free-replayed", pr.DelayedFreeHead, {"cycles": 3940}, {"delay_us": 2.0})
-    assert runs[6][1:] == ("free-replayed", pr.HoldingFreeHead, {"sms": 132, "iters": 195},
-                           {"hold_sms": 132, "hold_us": 1.5})
-
-
-def test_ab_summary_pairs_rows_over_rounds(tmp_path):
-    # benchmarks/ab_summary.py: medians over rounds per side, matched on the key columns
-    import subprocess
-    import sys
-
-    from erase_triton.study import read_csv, write_csv
-    meta = dict(gpu="test", torch="t", triton="t")
-    for side, r, us in [("old", 1, 10.0), ("old", 2, 12.0), ("old", 3, 11.0), ("new", 1, 9.0), ("new", 2, 9.9),
-                        ("new", 3, 9.0)]:
-        write_csv(str(tmp_path / f"{side}_{r}.csv"), [dict(N=1, path="a", us=us), dict(N=2, path="a", us=2 * us)], meta)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = tmp_path / "ab.csv"
-    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ab_summary.py"), str(tmp_path), "--keys", "N,path",
-                    "--out", str(out)], check=True, capture_output=True)
-    got = {r["N"]: r for r in read_csv(str(out))}
-    assert got.keys() == {"1", "2"} and got["1"]["gpu"] == "test" and got["1"]["rounds"] == "3"
-    assert float(got["1"]["old_us"]) == 11.0 and float(got["1"]["new_us"]) == 9.0
-    assert float(got["2"]["new_over_old"]) == pytest.approx(9.0 / 11.0)
-    assert float(got["1"]["old_spread"]) == pytest.approx(1.2) and float(got["1"]["new_spread"]) == pytest.approx(1.1)

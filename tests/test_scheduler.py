@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from erase_triton import LocalChain, LocalHead, Scheduler
 from erase_triton.scheduler import executor as scheduler
+from erase_triton import reference
 from erase_triton.reference import head_loss
 from erase_triton.scheduler import RingPlan
 
@@ -350,9 +351,9 @@ def test_head_occupancy_auto_and_validation():
 
     auto = LocalHead(8, 1)
     assert auto.auto_occupancy and auto.config.occupancy is None
-    assert auto._beside_config.occupancy == DEFAULT_OCCUPANCY
+    assert auto.beside_config.occupancy == DEFAULT_OCCUPANCY
     fixed = LocalHead(8, 1, occupancy=0.5)
-    assert fixed.config.occupancy == fixed._beside_config.occupancy == 0.5
+    assert fixed.config.occupancy == fixed.beside_config.occupancy == 0.5
     # "auto" beside the next segment: 1/8 below WHOLE_DEVICE_MIN_ELEMENTS elements of h, the whole device from there
     from erase_triton.head import WHOLE_DEVICE_MIN_ELEMENTS as big
     small_h, big_h = torch.empty(4096, 1024), torch.empty(big // 8, 8)
@@ -392,7 +393,7 @@ def test_head_accumulates_into_non_contiguous_grad():
 
 
 def test_time_eager_modes_interleaves_every_variant():
-    from erase_triton.study import time_eager_modes
+    from erase_triton.bench import time_eager_modes
     torch.manual_seed(0)
     model = Chain(n=3)
     x, y = data("bce")
@@ -546,7 +547,7 @@ def test_free_heads_bound_and_summary():
     spec.loader.exec_module(bs)
     torch.manual_seed(0)
     from erase_triton.models import MLPChain
-    from erase_triton.study import free_heads
+    from erase_triton.bench import free_heads
     model = free_heads(MLPChain(16, blocks=3))
     x, y = torch.randn(8, 16), torch.rand(8).round()
     with Scheduler("erase").step():
@@ -589,7 +590,7 @@ def test_free_heads_replayed_gradient(relu_in_head):
     # (at the ReLU's input with the ReLU in the head), later calls the same stored gradient, whatever
     # their targets; the heads get no grads.
     from erase_triton.models import MLPChain
-    from erase_triton.study import free_heads, with_heads
+    from erase_triton.bench import free_heads, with_heads
     torch.manual_seed(0)
     model = MLPChain(16, blocks=3, relu_in_head=relu_in_head)
     ref = MLPChain(16, blocks=3, relu_in_head=relu_in_head)
@@ -620,7 +621,7 @@ def test_mlp_relu_in_head_same_function_and_free_bound():
     # in the head), trains to the same gradients, and its FreeHead sends the constant gradient
     # to the ReLU's input, as the fused head does
     from erase_triton.models import MLPChain
-    from erase_triton.study import free_heads
+    from erase_triton.bench import free_heads
     torch.manual_seed(0)
     plain = MLPChain(16, blocks=3)
     torch.manual_seed(0)
@@ -702,7 +703,7 @@ def test_compiled_blocks_keep_the_schedule(loss, activation):
 def test_compile_blocks_finds_the_blocks_between_heads():
     from erase_triton import compile_blocks
     from erase_triton.models import MLPChain
-    from erase_triton.study import ctr_workload, transformer_workload
+    from erase_triton.bench import ctr_workload, transformer_workload
 
     with torch._dynamo.config.patch(disable=True):  # nothing is compiled when called
         mlp = MLPChain(16, blocks=3)
@@ -748,10 +749,11 @@ def test_compile_blocks_calls_keep_their_own_graphs():
 def test_compiled_torch_heads_equal_torch_heads(monkeypatch, relu_in_head):
     # CompiledTorchHead (the compiled-PyTorch-head baseline of bench_schedule --compiled-heads)
     # trains exactly as PyTorch heads do; compiled here by AOTAutograd without Inductor
-    from erase_triton import study
+    from erase_triton import bench as study
+    from erase_triton.bench import heads as bench_heads
 
-    compiled = torch.compile(study.linear_head_loss, backend="aot_eager", dynamic=False)
-    monkeypatch.setattr(study, "_compiled_torch_head_loss", lambda: compiled)
+    compiled = torch.compile(reference.linear_head_loss, backend="aot_eager", dynamic=False)
+    monkeypatch.setattr(bench_heads, "_compiled_torch_head_loss", lambda: compiled)
     torch._dynamo.reset()
     try:
         got = {}

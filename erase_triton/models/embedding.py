@@ -16,29 +16,34 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..scheduler.collectives import gather_rows
+
 __all__ = ["FusedSGDEmbeddings"]
 
 
 class _LookupSGD(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight, idx, lr):
+    def forward(ctx, weight, idx, lr, dp):
         ctx.save_for_backward(idx, lr)
-        ctx.weight = weight
+        ctx.weight, ctx.dp = weight, dp
         return weight[idx]
 
     @staticmethod
     def backward(ctx, grad):
         idx, lr = ctx.saved_tensors
-        w = ctx.weight
+        w, dp = ctx.weight, ctx.dp
         with torch.no_grad():
-            g = grad.reshape(-1, w.shape[1]).to(w.dtype) * (-lr).to(w.dtype)
-            w.index_add_(0, idx.reshape(-1), g)
-        return None, None, None
+            rows, idx = grad.reshape(-1, w.shape[1]), idx.reshape(-1)
+            if dp is not None:
+                # every rank applies the union batch's rows, so the tables stay identical
+                idx, rows = gather_rows(idx, rows, dp)
+            w.index_add_(0, idx, rows.to(w.dtype) * (-lr).to(w.dtype))
+        return None, None, None, None
 
 
 @torch.compiler.disable  # an in-place update of a leaf in backward: torch.compile runs it eagerly
-def _lookup_sgd(weight, idx, lr):
-    return _LookupSGD.apply(weight, idx, lr)
+def _lookup_sgd(weight, idx, lr, dp=None):
+    return _LookupSGD.apply(weight, idx, lr, dp)
 
 
 class FusedSGDEmbeddings(nn.Module):
@@ -51,6 +56,8 @@ class FusedSGDEmbeddings(nn.Module):
     the host every step): an id past its field's cardinality reads the next table's rows,
     and only ids outside the whole weight trip PyTorch's device-side index assert.
     """
+
+    data_parallel = None  # set by erase_triton.distributed.data_parallel: updates with every rank's rows
 
     def __init__(self, cardinalities: list[int], dim: int, lr: float = 10.0, std: float = 0.05):
         super().__init__()
@@ -83,7 +90,7 @@ class FusedSGDEmbeddings(nn.Module):
         idx = ids + self.offsets
         if not (torch.is_grad_enabled() and self.training and self.weight.requires_grad):
             return self.weight[idx]
-        return _lookup_sgd(self.weight, idx, self.lr)
+        return _lookup_sgd(self.weight, idx, self.lr, self.data_parallel)
 
     def extra_repr(self) -> str:
         return f"tables={len(self.cardinalities)}, rows={self.weight.shape[0]}, dim={self.dim}, fused SGD"

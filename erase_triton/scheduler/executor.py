@@ -62,6 +62,7 @@ import weakref
 import torch
 
 from .. import context
+from .collectives import all_reduce_grads
 from .plan import RingPlan, UpdatePlan, plan_detach_point
 
 __all__ = ["CapturedStep", "Scheduler", "StepState"]
@@ -159,6 +160,10 @@ class StepState:
         self.updated: set = set()  # ids of parameters updated early in this step
         self.segments: list = []   # (head id, leaf ids) of each segment, for the next UpdatePlan
         self.plan_ok = sched._early_updates()
+        self.dp = None             # the data-parallel group of the step's heads (erase_triton.distributed)
+        self.dp_segments: list = []  # (head id, leaf ids) of each segment, for the next reduce plan
+        self.reduced: set = set()  # ids of parameters whose gradient was averaged in this step
+        self.reduce_ok = sched.reduce_plan is not None
         self.trace: list = []
         self.caller = None         # the caller's stream (set when the step forks)
         self.host_bound = False    # adaptive erase on the caller's stream (GPU caught up)
@@ -178,10 +183,8 @@ class Scheduler:
     k at -k, clamped) or "off" (False: all at 0). When SMs are contended the block scheduler
     dispatches the higher-priority stream's blocks first, so the final segments, whose
     forward and backward end the step, go ahead of the earlier segments' backwards. Captured
-    graphs keep the priorities (PyTorch instantiates them with per-node priority). H200,
-    graphed erase against "off" (benchmarks/NOTES.md, session 9): six-block MLP w <= 1024,
-    b <= 4096, 3-8% shorter steps with "tail" (2-7% with "rising"), b16384 unchanged;
-    six-layer transformer 1-2% shorter with "tail" and 1-4% *longer* with "rising".
+    graphs keep the priorities (PyTorch instantiates them with per-node priority). Measured:
+    docs/tuning.md#stream-priorities.
     optimizer: a torch.optim.Optimizer the scheduler steps itself, each segment's parameters as
     soon as its backward ends (early updates; see the module docstring). None (default): step
     it yourself after the step.
@@ -220,6 +223,7 @@ class Scheduler:
         self.last_trace: list = []
         self.last_forks = 0
         self._state: StepState | None = None  # the active step's state
+        self.reduce_plan: UpdatePlan | None = None  # data parallel: which segment averages which gradients
         self._last_device = None
         self._warming = False  # capture()'s warm-up steps: fork like the captured step will
         # a process does not gain or lose its CUDA runtime: asked once, not at every step
@@ -239,6 +243,7 @@ class Scheduler:
             raise RuntimeError("Scheduler.reset() cannot run inside step()")
         self._leaf_cache.clear()
         self.update_plan = None
+        self.reduce_plan = None
 
     @property
     def optimizer(self):
@@ -336,6 +341,8 @@ class Scheduler:
                 if st.on_streams and not st.host_bound:
                     self._join(st)
                     self._used = min(st.ring.n_streams, self.last_forks + 1)
+                if ok and st.dp is not None:
+                    self._finish_reduce(st)
                 if ok and self._optimizer is not None:
                     self._finish_updates(st)
                 if st.on_streams and self.adaptive and not st.capturing \
@@ -372,7 +379,10 @@ class Scheduler:
             raise RuntimeError("Scheduler.detach_point runs inside Scheduler.step() only")
         seg, k = st.seg, st.k
         on_ring = self.mode == "erase" and not st.host_bound
-        leaves = self._leaves(head, h, seg) if on_ring else frozenset()
+        dp = self._data_parallel(st, head)
+        leaves = self._leaves(head, h, seg) if on_ring or dp is not None else frozenset()
+        if dp is not None:
+            self._check_not_reduced(st, seg, leaves)
         # early updates in erase steps only: on one stream (sequential, and the host-bound steps
         # of adaptive erase) they would overlap nothing and cost host time (one optimizer call a segment)
         update = self._segment_update(st, head, seg, leaves) if on_ring and self._optimizer is not None else None
@@ -386,6 +396,8 @@ class Scheduler:
                     st.seg_leaves[seg] = (k, leaves)
                 st.k = plan.next_stream if not plan.join else k
             out = _labelled(head, h, target, seg)
+            if dp is not None:
+                self._reduce(st, seg, head, leaves, final=head.final)
             if plan.update:
                 self._update(st, seg, plan.update)
             return out
@@ -397,6 +409,8 @@ class Scheduler:
         fwd_done = self._record("fwd", seg, cur)
         # head kernel + block backward, queued on `cur`, beside the next segment's forward
         out = _labelled(head, h, target, seg, beside=not plan.join, act=act)
+        if dp is not None:
+            self._reduce(st, seg, head, leaves, final=head.final)  # on `cur`, beside the next forward
         if plan.update:
             self._update(st, seg, plan.update)  # this segment's parameters, on its stream after its backward
         if plan.join:
@@ -425,6 +439,58 @@ class Scheduler:
             leaves = _leaves_of(h) | {id(p) for p in head.parameters()}
             self._leaf_cache[key] = leaves
         return leaves
+
+    # ------------------------------------------------------------- data parallel
+    def _data_parallel(self, st: "StepState", head):
+        """The head's data-parallel group (also at world size 1: the same collectives), else None."""
+        dp = head.data_parallel
+        if dp is None or dp.local:
+            return None
+        if st.dp is None:
+            st.dp = dp
+        elif st.dp is not dp:
+            raise RuntimeError("the LocalHeads of one step belong to different data_parallel() calls; prepare "
+                               "the whole model with one erase_triton.distributed.data_parallel(model)")
+        return dp
+
+    def _check_not_reduced(self, st: "StepState", seg: int, leaves: frozenset):
+        """Before segment seg's backward: it must not add to a gradient already averaged."""
+        hit = st.reduced & leaves
+        if hit:
+            raise RuntimeError(
+                f"data parallel: segment {seg}'s backward reaches {len(hit)} parameter(s) whose gradient an "
+                f"earlier segment of this step already averaged; the segments differ from the step the reduce "
+                f"plan was learned from. Call Scheduler.reset() after re-wiring which modules a forward uses.")
+
+    def _reduce(self, st: "StepState", seg: int, head, leaves: frozenset, final: bool):
+        """After segment seg's backward, on its stream: average the gradients it completes (the
+        plan's), and after the final head every gradient not averaged yet."""
+        st.dp_segments.append((id(head), leaves))
+        todo = []
+        if st.reduce_ok:
+            params, st.reduce_ok = self.reduce_plan.update_after(seg, id(head))
+            todo = list(params[0]) if params else []
+        if final:
+            todo = [p for p in st.dp.params if id(p) not in st.reduced]
+        if todo:
+            if torch.autograd._profiler_enabled():  # a named range for traces (bench_data_parallel.py)
+                with torch.profiler.record_function(f"erase::allreduce {seg}"):
+                    n = all_reduce_grads(todo, st.dp)
+            else:
+                n = all_reduce_grads(todo, st.dp)
+            st.reduced.update(id(p) for p in todo)
+            st.trace.append(("allreduce", seg, n))
+
+    def _finish_reduce(self, st: "StepState"):
+        """At exit: average what no segment did (no final head ran), and learn the reduce plan."""
+        rest = [p for p in st.dp.params if id(p) not in st.reduced]
+        if rest:
+            st.trace.append(("allreduce", "exit", all_reduce_grads(rest, st.dp)))
+            st.reduced.update(id(p) for p in rest)
+        heads = [h for h, _ in st.dp_segments]
+        if self.reduce_plan is None or not st.reduce_ok or heads != self.reduce_plan.heads:
+            key = tuple(id(p) for p in st.dp.params)
+            self.reduce_plan = UpdatePlan.learn([{"params": list(st.dp.params)}], st.dp_segments, key)
 
     # ------------------------------------------------------------- early updates
     def _early_updates(self) -> bool:

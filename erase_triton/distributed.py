@@ -1,0 +1,155 @@
+"""Data-parallel ERASE on torch.distributed: each segment's gradients all-reduced right after
+its early backward, while later segments run their forward.
+
+    import torch.distributed as dist
+    from erase_triton.distributed import data_parallel
+    dist.init_process_group("nccl")               # or "gloo" on CPUs; torchrun sets the rest
+    model = data_parallel(model)                  # same model object, same state_dict keys
+    sched = Scheduler("erase")
+    with sched.step():                            # each rank: its own shard of the batch
+        opt.zero_grad(set_to_none=True); model(x, y); opt.step()
+
+How: `data_parallel` broadcasts rank 0's parameters and buffers, and marks the model's
+LocalHeads (and `FusedSGDEmbeddings`) with the process group. Inside `Scheduler.step()`, after
+segment k's backward, the scheduler all-reduces (sum, then / world size) the gradients that
+segment completes -- its blocks' and its head's, in one flat buffer per dtype, on the stream the
+backward ran on -- so the collective runs while segment k+1 computes its forward. Which segment
+completes which parameter (the last one reaching it) is learned from the previous step, as for
+early updates; the first step, and any parameter the plan does not place, is reduced after the
+final head's backward. Every rank issues the same collectives in the same order: the plan comes
+from the segment order, which adaptive forking and streams do not change. An early update of a
+segment runs after its all-reduce, on the same stream.
+
+Why not one `DistributedDataParallel` around the model: DDP's reducer ignores gradient hooks until
+its own forward returns, and ERASE back-propagates inside the forward (silently different
+gradients per rank, then a crash). One DDP per segment body works, but changes the modules and
+their state_dict keys and needs a second mechanism for the heads, whose gradients the fused
+kernel writes directly; the scheduler already knows each segment's leaves, so it issues the
+collectives itself. Gradients equal the single-process gradients of the union batch when every
+rank has the same number of rows (as with DDP). docs/api.md#many-gpus has the details.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+from .scheduler.collectives import DataParallelGroup, all_reduce_grads, gather_rows
+
+__all__ = ["DataParallelGroup", "all_reduce_grads", "data_parallel", "gather_rows", "launch_from_env", "local_only",
+           "shard_of"]
+
+
+# a model prepared to run rank-local in a distributed job (no gradient averaging)
+LOCAL = DataParallelGroup(None, 1, 0, local=True)
+
+
+def _check_initialized(what: str):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{what} needs torch.distributed to be initialized: call "
+                           "torch.distributed.init_process_group(...) first (torchrun sets its environment)")
+
+
+def _heads(model):
+    from .head import LocalHead
+
+    return [m for m in model.modules() if isinstance(m, LocalHead)]
+
+
+def _refuse_wrappers(model):
+    """A whole-model DDP or FSDP root cannot run ERASE's in-forward backwards."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for name, m in model.named_modules():
+        if isinstance(m, DistributedDataParallel):
+            raise ValueError(f"model{'.' + name if name else ''} is a DistributedDataParallel: erase_triton's heads "
+                             "back-propagate inside the forward, which DDP's reducer ignores. Pass the plain module "
+                             "to erase_triton.distributed.data_parallel instead")
+        if type(m).__name__.startswith("FSDP") or hasattr(m, "_get_fsdp_state"):
+            raise ValueError(f"model{'.' + name if name else ''} is sharded by FSDP (fully_shard): a root over the "
+                             "whole chain re-runs post-backward after every segment. Pass the plain module to "
+                             "erase_triton.distributed.data_parallel instead")
+
+
+def data_parallel(model: torch.nn.Module, process_group=None, *, broadcast: bool = True) -> torch.nn.Module:
+    """Make `model` train data-parallel over `process_group` (default: the world) in every
+    scheduler mode, with early updates and under `Scheduler.capture`; returns the same object.
+
+    broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does).
+    Raises if the model has no LocalHead, or is already wrapped in DDP / FSDP.
+    """
+    from .models.embedding import FusedSGDEmbeddings
+
+    _check_initialized("data_parallel")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _refuse_wrappers(model)
+    heads = _heads(model)
+    if not heads:
+        raise ValueError("model has no LocalHead: data_parallel is for ERASE models; wrap other models in "
+                         "torch.nn.parallel.DistributedDataParallel")
+    world = dist.get_world_size(process_group)
+    fused = [m for m in model.modules() if isinstance(m, FusedSGDEmbeddings)]
+    skip = {id(m.weight) for m in fused}
+    params = tuple(p for p in model.parameters() if p.requires_grad and id(p) not in skip)
+    dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params)
+    if broadcast and world > 1:
+        src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(t.data, src, group=process_group)
+    for h in heads:
+        h.data_parallel = dp
+    for m in fused:
+        m.data_parallel = dp
+    return model
+
+
+def local_only(model: torch.nn.Module) -> torch.nn.Module:
+    """Mark `model` as rank-local in a distributed job (no gradient averaging): its LocalHeads
+    then run without the data-parallel check. Returns the same object."""
+    for h in _heads(model):
+        h.data_parallel = LOCAL
+    return model
+
+
+def shard_of(n: int, rank: int, world: int) -> slice:
+    """Rank `rank`'s contiguous share of n rows (the first n % world ranks get one more)."""
+    per, extra = divmod(n, world)
+    start = rank * per + min(rank, extra)
+    return slice(start, start + per + (rank < extra))
+
+
+@dataclasses.dataclass
+class Launch:
+    """What `launch_from_env` set up for this process under torchrun."""
+
+    rank: int
+    world_size: int
+    device: str
+
+    def close(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch_from_env(device: str | None = None) -> Launch | None:
+    """Under torchrun (WORLD_SIZE in the environment): init the default process group (NCCL
+    on CUDA, gloo on CPU), pick this rank's device (cuda:LOCAL_RANK), and return a `Launch`;
+    otherwise None."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("erase-triton: error: --device cuda given but no CUDA device is visible")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise SystemExit(f"erase-triton: error: LOCAL_RANK {local} but only {torch.cuda.device_count()} "
+                             "CUDA devices are visible")
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Launch(dist.get_rank(), dist.get_world_size(), f"cuda:{local}" if cuda else "cpu")

@@ -1,0 +1,83 @@
+"""erase_triton.distributed on CPUs: two gloo ranks, different data, 3 steps, every mode.
+
+Each rank's gradients and parameters must equal the single-process run on the union batch
+(the ranks' rows together), at every step; a whole-model DDP must be refused."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dp_cases  # noqa: E402
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Run tests/dp_cases.py as two gloo ranks once; returns each rank's saved results."""
+    stem = str(tmp_path_factory.mktemp("dp") / "out")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # PyTorch heads on CPU
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_cases.py"), stem],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
+             for r in range(WORLD)]
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+    for p, e in zip(procs, errs):
+        assert p.returncode == 0, e[-3000:]
+    return [torch.load(f"{stem}_{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("case", list(dp_cases.CASES))
+def test_ranks_equal_the_union_batch_every_step(ranks, case):
+    ref = dp_cases.train(case, lambda s: dp_cases.union(case, s, WORLD), dp=False)
+    for step, (grads, params) in enumerate(ref):
+        for r in range(WORLD):
+            g_r, p_r = ranks[r][case][step]
+            assert g_r.keys() == grads.keys(), (case, step, r)
+            for k in grads:
+                torch.testing.assert_close(g_r[k], grads[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} rank {r} grad {k}")
+            for k in params:
+                torch.testing.assert_close(p_r[k], params[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} rank {r} {k}")
+
+
+def test_whole_model_ddp_is_refused(ranks):
+    for r in range(WORLD):
+        found = ranks[r]["refusals"]
+        assert "erase_triton.distributed.data_parallel" in found["ddp_forward"], found
+        assert "DistributedDataParallel" in found["ddp_wrap"], found
+
+
+def test_data_parallel_needs_a_process_group():
+    from erase_triton.distributed import data_parallel, shard_of
+
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        data_parallel(dp_cases.build("mlp"))
+    assert [shard_of(7, r, 3) for r in range(3)] == [slice(0, 3), slice(3, 5), slice(5, 7)]
+
+
+def test_torchrun_trains_the_ctr_model_data_parallel(tmp_path):
+    # `torchrun --nproc_per_node 2 erase-triton train`: each rank its shard, rank 0 prints and writes
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+                        "-m", "erase_triton.cli", "train", "--steps", "6", "--batch-size", "64",
+                        "--embedding", "fused_sgd", "--json", str(out)],
+                       capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("test NE") == 1 and "ranks=2" in r.stdout, r.stdout
+    import json
+    res = json.loads(out.read_text())
+    assert res["world_size"] == 2 and len(res["train_loss"]) == 6
