@@ -75,6 +75,12 @@ def cmd_train(a):
     if a.backend == "triton" and not str(dev).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
         _fail("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow interpreter on CPU)")
     rank0 = dist is None or dist.rank == 0
+    if a.plot is None and not a.no_plot:
+        a.plot = os.path.join("runs", f"train_{a.model}_{a.mode}.png")
+        if rank0:
+            os.makedirs("runs", exist_ok=True)
+    if a.no_plot:
+        a.plot = None
     if rank0:
         _writable_file(a.json, "--json")
         _writable_file(a.plot, "--plot")
@@ -191,7 +197,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
                    help="head backend: auto = Triton on CUDA, PyTorch on CPU")
     t.add_argument("--json", default=None, help="write the summary here")
-    t.add_argument("--plot", default=None, help="save the loss curve here (PNG)")
+    t.add_argument("--plot", default=None, help="save the loss curve here (PNG; default runs/train_MODEL_MODE.png)")
+    t.add_argument("--no-plot", action="store_true", help="no loss-curve picture")
     t.set_defaults(fn=cmd_train)
     for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile (host-issued and graphed)"),
                                ("sweep", cmd_sweep, "step time against the heads' occupancy and ring size")]:

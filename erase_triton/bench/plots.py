@@ -287,7 +287,7 @@ def plot_training(result: dict, path: str):
         ax2 = ax.twinx()
         ax2.plot([h["step"] for h in hist], [h[key] for h in hist], "o-", color="#C44E52", label=key.replace("_", " "))
         ax2.set_ylabel(key.replace("_", " "), color="#C44E52")
-        ax2.legend(loc="upper center", fontsize=8)
+        ax2.legend(loc="center right", fontsize=8)
     ax.legend(loc="upper right", fontsize=8)
     dev = result.get("device", "?")
     if dev.startswith("cuda") and torch.cuda.is_available():
