@@ -6,6 +6,7 @@ Under `torchrun --nproc_per_node N`, `train` runs data-parallel (docs/api.md#man
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -91,6 +92,8 @@ def cmd_train(a):
             r = train_ctr(data=a.data, embedding=a.embedding, **kw)
         else:
             r = train_transformer(**kw)
+    except (ImportError, OSError, ValueError) as e:  # missing or malformed data, a batch larger than the data
+        _fail(f"{type(e).__name__}: {e}")
     finally:
         if dist is not None:
             dist.close()
@@ -149,7 +152,7 @@ def cmd_sweep(a):
 def cmd_trace(a):
     if not torch.cuda.is_available():
         _fail("trace needs a CUDA device (kernel timelines come from CUPTI); the committed H200 timelines are "
-              "under benchmarks/results/")
+              "under benchmarks/plots/")
     from .bench import trace
 
     execs = {"both": ("graph", "eager"), "graph": ("graph",), "eager": ("eager",)}[a.exec]
@@ -171,7 +174,7 @@ def cmd_plot(a):
         try:
             print(plot_file(p, a.out))
             drawn += 1
-        except (ValueError, KeyError, UnicodeDecodeError) as e:  # not a result CSV of a known study
+        except (ValueError, KeyError, UnicodeDecodeError, csv.Error) as e:  # not a result CSV of a known study
             print(f"skipped {p}: {e}", file=sys.stderr)
     if not drawn:
         _fail("no plot drawn: none of the files is a result CSV of a known study")

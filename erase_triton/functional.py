@@ -38,17 +38,41 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
+def check_occupancy(occupancy, allow_auto: bool = False):
+    """None, a number in (0, 1] (not a bool), or "auto" where allowed."""
+    if occupancy is None or (allow_auto and occupancy == "auto" and isinstance(occupancy, str)):
+        return
+    if isinstance(occupancy, bool) or not isinstance(occupancy, (int, float)) or not 0 < occupancy <= 1:
+        want = "a number in (0, 1], None or 'auto'" if allow_auto else "a number in (0, 1] or None"
+        _fail(f"occupancy must be {want}, got {occupancy!r}")
+
+
 def check_activation(activation):
     if activation not in ACTIVATIONS:
         _fail(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def check_args(h, weight, bias, target, loss, reduction):
-    """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
+def check_options(loss, reduction, ignore_index=-100):
+    """The head's options (the same rules for fused_local_head and LocalHead, on every backend)."""
     if loss not in _LOSSES:
         _fail(f"loss must be one of {_LOSSES}, got {loss!r}")
     if reduction not in _REDUCTIONS:
         _fail(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+
+
+def check_classes(loss, C, name="weight with"):
+    """C within the limits of `loss`, the same on every backend."""
+    if loss in ("bce", "mse") and not 1 <= C <= MAX_DENSE_C:
+        _fail(f"loss={loss!r} supports 1 <= C <= {MAX_DENSE_C} outputs, got {name} C={C}")
+    if loss == "ce" and not 2 <= C <= MAX_VOCAB:
+        _fail(f"loss='ce' supports 2 <= C <= {MAX_VOCAB} classes, got {name} C={C}")
+
+
+def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
+    """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
+    check_options(loss, reduction, ignore_index)
     for name, t in (("h", h), ("weight", weight), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -59,6 +83,9 @@ def check_args(h, weight, bias, target, loss, reduction):
     if weight.dim() != 2 or not weight.is_floating_point():
         _fail(f"weight must be a floating tensor [C, D], got shape {tuple(weight.shape)} dtype {weight.dtype}")
     C, D = weight.shape
+    if D < 1:
+        _fail(f"weight must have D >= 1 columns, got shape {tuple(weight.shape)}")
+    check_classes(loss, C)
     if h.shape[-1] != D:
         _fail(f"h must be [..., {D}] to match weight [C={C}, D={D}], got {tuple(h.shape)}")
     if bias is not None and (tuple(bias.shape) != (C,) or not bias.is_floating_point()):
@@ -72,8 +99,6 @@ def check_args(h, weight, bias, target, loss, reduction):
             _fail(f"target must be int64 or int32 class ids for loss='ce', got dtype {target.dtype}")
         if tuple(target.shape) != lead:
             _fail(f"target must have shape {lead} (h's leading dims) for loss='ce', got {tuple(target.shape)}")
-        if C < 2:
-            _fail(f"loss='ce' needs weight with C >= 2 classes, got C={C}")
     else:
         if not target.is_floating_point():
             _fail(f"target must be a floating tensor for loss={loss!r}, got dtype {target.dtype}")
@@ -99,16 +124,12 @@ def use_triton(h, backend) -> bool:
     return runnable and h.dtype in _KERNEL_DTYPES
 
 
-def _check_kernel_limits(h, weight, bias, loss, C):
+def _check_kernel_dtypes(h, weight, bias):
     if h.dtype not in _KERNEL_DTYPES:
         _fail(f"h must be float32, bfloat16 or float16 for the Triton kernel, got {h.dtype}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype not in _KERNEL_DTYPES:
             _fail(f"{name} must be float32, bfloat16 or float16 for the Triton kernel, got {t.dtype}")
-    if loss in ("bce", "mse") and C > MAX_DENSE_C:
-        _fail(f"loss={loss!r} supports 1 <= C <= {MAX_DENSE_C} outputs, got weight with C={C}")
-    if loss == "ce" and C > MAX_VOCAB:
-        _fail(f"loss='ce' supports up to {MAX_VOCAB} classes, got weight with C={C}")
 
 
 # Call signature -> prepared HeadLaunch. A signature holds everything check_args and the
@@ -154,7 +175,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
                 or not act_out.is_contiguous():
             _fail(f"act_out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)} on {h.device}, got "
                   f"{act_out.dtype} {tuple(act_out.shape)} on {act_out.device}")
-    N, D, C = check_args(h, weight, bias, target, loss, reduction)
+    N, D, C = check_args(h, weight, bias, target, loss, reduction, ignore_index)
     if N == 0 or not use_triton(h, backend):
         r = reference.local_head(h, weight, bias, target, loss=loss, reduction=reduction, ignore_index=ignore_index,
                                  activation=activation)
@@ -169,7 +190,7 @@ def local_head_into(h, weight, bias, target, *, loss, reduction, ignore_index, b
             if grad_bias is not None:
                 grad_bias.copy_(r.grad_bias)
         return r.loss.float() if r.loss.dtype != torch.float64 else r.loss, r.grad_h
-    _check_kernel_limits(h, weight, bias, loss, C)
+    _check_kernel_dtypes(h, weight, bias)
     if grad_weight.dtype != weight.dtype or not grad_weight.is_contiguous():
         _fail(f"grad_weight must be a contiguous {weight.dtype} tensor like weight, got dtype {grad_weight.dtype} "
               f"strides {grad_weight.stride()}")
@@ -215,11 +236,23 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     h <= 0), so a block whose last op is a ReLU can hand its pre-activation to the head and
     skip the ReLU's own backward pass (one read of grad_h and h, one write, per block).
     """
+    if config is not None and not isinstance(config, LaunchConfig):
+        raise TypeError(f"config must be a LaunchConfig or None, got {type(config).__name__}")
+    check_occupancy(occupancy)
+    for name, t in (("h", h), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
     grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else None
+    if _kplan.POISON:  # (tests) an element the kernel forgets to write stays NaN
+        grad_weight.fill_(float("nan"))
+        if grad_bias is not None:
+            grad_bias.fill_(float("nan"))
     loss_t, grad_h = local_head_into(h, weight, bias, target, loss=loss, reduction=reduction,
                                      ignore_index=ignore_index, backend=backend, config=cfg,
                                      grad_weight=grad_weight, grad_bias=grad_bias, accumulate=False,

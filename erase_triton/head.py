@@ -31,7 +31,8 @@ from erase_triton.kernels.launch import LaunchConfig
 
 from . import context
 
-from .functional import check_activation, check_args, local_head_into, use_triton
+from .functional import (check_activation, check_args, check_classes, check_occupancy, check_options, local_head_into,
+                         use_triton)
 from .reference import linear_head_loss
 
 __all__ = ["LocalHead", "DEFAULT_OCCUPANCY", "WHOLE_DEVICE_MIN_ELEMENTS"]
@@ -80,16 +81,23 @@ class LocalHead(nn.Module):
         super().__init__()
         check_activation(activation)
         self.activation = activation
-        if loss not in ("bce", "ce", "mse"):
-            raise ValueError(f"loss must be 'bce', 'ce' or 'mse', got {loss!r}")
-        if loss == "ce" and out_features < 2:
-            raise ValueError(f"out_features must be >= 2 for loss='ce', got {out_features}")
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_options(loss, reduction, ignore_index)
+        check_classes(loss, out_features, "out_features")
+        for name, v in (("bias", bias), ("final", final)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool, got {v!r}")
+        if backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"backend must be one of ('auto', 'triton', 'torch'), got {backend!r}")
+        if config is not None and not isinstance(config, LaunchConfig):
+            raise TypeError(f"config must be a LaunchConfig or None, got {type(config).__name__}")
+        check_occupancy(occupancy, allow_auto=True)
         self.in_features, self.out_features, self.loss = in_features, out_features, loss
         self.final, self.reduction, self.ignore_index, self.backend = final, reduction, ignore_index, backend
         if config is not None and occupancy not in (None, "auto"):
             raise ValueError("pass either occupancy or config, not both")
-        if isinstance(occupancy, str) and occupancy != "auto":
-            raise ValueError(f"occupancy must be a fraction in (0, 1], None or 'auto', got {occupancy!r}")
         self.auto_occupancy = config is None and occupancy == "auto"
         self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
         self.beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
@@ -148,6 +156,8 @@ class LocalHead(nn.Module):
                                "each segment's gradient all-reduce); wrap the training step in `with sched.step():`")
         mode = sched.mode if sched is not None else "sequential"
         if mode == "e2e" and not self.final:
+            if sched is not None:
+                sched.identity_head()  # a step that meets only these trains nothing: the scheduler says so
             return self.act(h)
         if self.activation is not None and not use_triton(h, self.backend):
             h = self.act(h)  # PyTorch heads: the ReLU as an autograd op
@@ -174,7 +184,7 @@ class LocalHead(nn.Module):
         it a fused head with activation="relu" reads h and its kernel writes relu(h) as it goes
         (dense and small CE kernels): no separate ReLU launch ahead of a head nothing runs beside."""
         if not use_triton(h, self.backend):
-            check_args(h, self.weight, self.bias, target, self.loss, self.reduction)
+            check_args(h, self.weight, self.bias, target, self.loss, self.reduction, self.ignore_index)
             # What a PyTorch user writes: one autograd call through head and block.
             loss = self._torch_loss(h, self.weight, self.bias, target, self.loss, self.reduction, self.ignore_index)
             loss.backward()

@@ -13,10 +13,13 @@ def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def normalized_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """NE = log loss / entropy of the background CTR (torchrec's definition).
-    1.0 is a model that predicts the average click rate; lower is better."""
-    p = labels.double().mean().clamp(_EPS, 1 - _EPS)
+    1.0 is a model that predicts the average click rate; lower is better. NaN when every label is
+    the same (the background entropy is 0: NE is undefined)."""
+    mean = labels.double().mean()
+    p = mean.clamp(_EPS, 1 - _EPS)
     base = -(p * p.log() + (1 - p) * (1 - p).log())
-    return log_loss(logits, labels) / base
+    one_class = (mean <= 0) | (mean >= 1)
+    return torch.where(one_class, torch.full_like(base, float("nan")), log_loss(logits, labels) / base)
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -33,4 +36,6 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ranks[order] = avg[inverse]
     n_pos = y.sum()
     n_neg = len(y) - n_pos
-    return (ranks[y > 0.5].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    # NaN when one class is missing (0/0 or x/0 made explicit)
+    u = ranks[y > 0.5].sum() - n_pos * (n_pos + 1) / 2
+    return torch.where(n_pos * n_neg > 0, u / (n_pos * n_neg).clamp_min(1), torch.full_like(u, float("nan")))

@@ -30,32 +30,35 @@ def head_loss(logits: torch.Tensor, target: torch.Tensor, loss: str, reduction: 
 
 
 def linear_head_loss(h, weight, bias, target, loss: str, reduction: str, ignore_index: int) -> torch.Tensor:
-    """A PyTorch head's loss (the reference, and LocalHead's backend="torch"): Linear on h's rows, then
-    the loss. A weight of another dtype than h is used in h's dtype (as autocast's Linear would), like
-    the kernels do."""
+    """A PyTorch head's loss, as a PyTorch user writes it (LocalHead's backend="torch"): Linear on h's
+    rows in h's dtype (a weight of another dtype is used in h's dtype, as autocast's Linear would), then
+    the loss on fp32 logits (a 16-bit loss loses the residuals: fp16 MSE overflows near 256)."""
     C = weight.shape[0]
     z = F.linear(h, weight.to(h.dtype), bias.to(h.dtype) if bias is not None else None).reshape(-1, C)
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
     return head_loss(z, target.reshape(-1) if loss == "ce" else target.reshape(-1, C), loss, reduction, ignore_index)
 
 
 def local_head(h, weight, bias, target, *, loss="bce", reduction="mean", occupancy=None,
                ignore_index=-100, backend="torch", activation=None) -> LocalHeadResult:
-    """Linear head + loss + autograd, computed at the inputs' precision.
-    A weight (and bias) of another dtype than h is used in h's dtype (`linear_head_loss`); its
-    gradients come back in its own dtype.
+    """Linear head + loss + autograd, computed as the kernels compute: the operands in h's dtype (a
+    weight of another dtype is rounded to h's dtype, as autocast's Linear would), every product and sum
+    in fp32 (float64 for float64 inputs), the outputs rounded once to their dtypes (grad_h to h's, the
+    parameter gradients to the parameters').
     activation="relu": the head reads relu(h), and grad_h is the gradient at h."""
     del occupancy, backend  # accepted for signature parity with fused_local_head
     D = h.shape[-1]
-    hh = h.detach().reshape(-1, D).requires_grad_(True)
-    w = weight.detach().requires_grad_(True)
-    b = bias.detach().requires_grad_(True) if bias is not None else None
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    hh = h.detach().reshape(-1, D).to(acc).requires_grad_(True)
+    w = weight.detach().to(h.dtype).to(acc).requires_grad_(True)
+    b = bias.detach().to(h.dtype).to(acc).requires_grad_(True) if bias is not None else None
     out = linear_head_loss(F.relu(hh) if activation == "relu" else hh, w, b, target, loss, reduction, ignore_index)
     leaves = [hh, w] + ([b] if b is not None else [])
     grads = torch.autograd.grad(out, leaves)
-    loss_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
     return LocalHeadResult(
-        out.detach().to(loss_dtype),
-        grads[0].reshape(h.shape).contiguous(),
-        grads[1],
-        grads[2] if b is not None else None,
+        out.detach().to(acc),
+        grads[0].reshape(h.shape).to(h.dtype).contiguous(),
+        grads[1].to(weight.dtype),
+        grads[2].to(bias.dtype) if b is not None else None,
     )

@@ -15,7 +15,7 @@ import time
 import torch
 
 import erase_triton as et
-from erase_triton.study import median_ms
+from erase_triton.bench import median_ms
 
 
 class Net(torch.nn.Module):

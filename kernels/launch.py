@@ -69,8 +69,9 @@ class LaunchConfig:
     two_pass: bool | None = None
 
     def __post_init__(self):
-        if self.occupancy is not None and not (0.0 < float(self.occupancy) <= 1.0):
-            raise ValueError(f"occupancy must be in (0, 1] or None, got {self.occupancy!r}")
+        occ = self.occupancy
+        if occ is not None and (isinstance(occ, bool) or not isinstance(occ, (int, float)) or not 0.0 < occ <= 1.0):
+            raise ValueError(f"occupancy must be a number in (0, 1] or None, got {occ!r}")
         if self.fp32_precision is not None and self.fp32_precision not in _FP32_PRECISIONS:
             raise ValueError(f"fp32_precision must be one of {_FP32_PRECISIONS}, got {self.fp32_precision!r}")
         for name, least in (("block_n", 1), ("block_d", 16), ("block_v", 16)):

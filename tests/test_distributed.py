@@ -26,17 +26,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Run tests/dp_cases.py as two gloo ranks once; returns each rank's saved results."""
-    stem = str(tmp_path_factory.mktemp("dp") / "out")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # PyTorch heads on CPU
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_cases.py"), stem],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
-             for r in range(WORLD)]
-    errs = [p.communicate(timeout=240)[1] for p in procs]
-    for p, e in zip(procs, errs):
-        assert p.returncode == 0, e[-3000:]
-    return [torch.load(f"{stem}_{r}.pt") for r in range(WORLD)]
+    return dp_cases.run_ranks(WORLD, str(tmp_path_factory.mktemp("dp") / "out"))
 
 
 @pytest.mark.parametrize("case", list(dp_cases.CASES))

@@ -242,9 +242,14 @@ def train_replayed_and_eager(sched, m_graph, m_eager, xs, ys, no_sync=False, ear
 
 
 def step_grads(model, mode, x, y):
+    """One step's gradients. Erase forks at every detach point (adaptive=False: a fresh adaptive
+    scheduler's first step runs the sequential path, which would compare sequential with itself)."""
     model.zero_grad(set_to_none=True)
-    with Scheduler(mode).step():
+    sched = Scheduler(mode, adaptive=False) if mode == "erase" else Scheduler(mode)
+    with sched.step():
         model(x, y)
+    if mode == "erase":
+        assert sched.last_forks > 0, sched.last_trace
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
@@ -618,3 +623,45 @@ def test_quickstart_example_on_cuda(capsys):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in runs.values())
     out = capsys.readouterr().out
     assert "erase, graphed:" in out and "erase, graphed, early updates:" in out
+
+
+def test_capture_accepts_a_step_fn_that_opens_the_step_itself():
+    # the natural way to reuse an eager step: step_fn opens `with sched.step():`; capture owns that step
+    torch.manual_seed(0)
+    m_g, m_e = mlp_chain(width=256, n=3), mlp_chain(width=256, n=3)
+    m_e.load_state_dict(m_g.state_dict())
+    sched = Scheduler("erase")
+    opt = torch.optim.SGD(m_g.parameters(), lr=0.05)
+
+    def eager_step(x, y):
+        with sched.step():
+            opt.zero_grad(set_to_none=True)
+            m_g(x, y)
+            opt.step()
+    x, y = torch.randn(512, 256, device=dev), torch.rand(512, device=dev).round()
+    replay = sched.capture(eager_step, x, y, warmup=3)
+    replay()
+    step_e = sgd_step(m_e)
+    for _ in range(4):  # the three warm-up steps and the replay
+        with Scheduler("erase", adaptive=False).step():
+            step_e(x, y)
+    torch.cuda.synchronize()
+    for (k, pe), pg in zip(m_e.named_parameters(), m_g.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_data_parallel_nccl_equals_the_union_batch(world, tmp_path):
+    # NCCL, one process a GPU: e2e / sequential / erase, eager and captured, early updates, fused-SGD
+    # tables; every rank's gradients and parameters == the single-process run on the union batch.
+    # world=1 runs the whole data-parallel path (a one-rank all-reduce) on one GPU.
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    sys.path.insert(0, os.path.dirname(__file__))
+    import dp_cases
+    os.environ["DP_DEVICE"] = "cuda"  # the reference runs in this process, on cuda:0
+    try:
+        results = dp_cases.run_ranks(world, str(tmp_path / "out"), cuda=True, timeout=400)
+        dp_cases.compare(results, world, tol=1e-4)
+    finally:
+        os.environ.pop("DP_DEVICE", None)

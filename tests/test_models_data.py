@@ -83,18 +83,33 @@ def ctr_batch(n=48):
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_ctr_erase_equals_sequential(backend):
-    model = tiny_ctr(backend)
+def test_ctr_erase_equals_sequential(backend, monkeypatch):
+    # sequential and erase (on fake CUDA streams: the ring path a GPU runs, forks included) give the
+    # gradients of the CTR model with PyTorch heads; e2e trains only the final head and the embeddings
+    from fake_cuda import fake_cuda
+
     batch = ctr_batch()
+    ref = tiny_ctr("torch")
+    with Scheduler("sequential").step():
+        ref(*batch)
+    want = {k: p.grad.clone() for k, p in ref.named_parameters() if p.grad is not None}
+    model = tiny_ctr(backend)
     grads = {}
     for mode in ("sequential", "erase", "e2e"):
         model.zero_grad(set_to_none=True)
-        with Scheduler(mode).step():
+        if mode == "erase":
+            fake_cuda(monkeypatch, lambda name: True)
+        sched = Scheduler(mode, adaptive=False)
+        with sched.step():
             model(*batch)
+        monkeypatch.undo()
+        if mode == "erase":
+            assert sched.last_forks == len(model.heads), sched.last_trace
         grads[mode] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    assert grads["sequential"].keys() == grads["erase"].keys()
-    for k in grads["sequential"]:
-        torch.testing.assert_close(grads["erase"][k], grads["sequential"][k], rtol=0, atol=0)
+    for mode in ("sequential", "erase"):
+        assert grads[mode].keys() == want.keys()
+        for k in want:  # the Triton heads (interpreter) against PyTorch heads: fp32 rounding apart
+            torch.testing.assert_close(grads[mode][k], want[k], rtol=1e-4, atol=1e-6, msg=f"{mode} {k}")
     # e2e: only the final head is active, and the embeddings still learn through it
     assert not any(k.startswith("heads.") for k in grads["e2e"])
     assert "embeddings.0.weight" in grads["e2e"]
@@ -293,8 +308,9 @@ def test_cli_graph_needs_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    with pytest.raises(SystemExit, match="--graph needs --device cuda"):
+    with pytest.raises(SystemExit) as e:
         main(["train", "--graph"])
+    assert e.value.code == 2
 
 
 @pytest.mark.skipif(not os.path.isdir(RESULTS), reason="no committed results")
@@ -393,7 +409,11 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
 @pytest.mark.parametrize("script, args, message", [
     ("bench_compile.py", ["--head-every", "2,4"], "--head-every: expected 1, 2, 3 or 6"),
     ("bench_compile.py", ["--head-every", "x"], "--head-every: expected 1, 2, 3 or 6"),
-    ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]")])
+    ("bench_compile.py", ["--beside", "1.5"], "--beside: expected fractions in (0, 1]"),
+    ("bench_data_parallel.py", ["--out", "x.csv", "--widths", "a"], "--widths: expected integers"),
+    ("bench_data_parallel.py", ["--out", "x.csv", "--models", "gpt"], "--models takes mlp and/or ctr"),
+    ("bench_data_parallel.py", ["--out", "x.csv"], "run it under torchrun"),
+    ("check_reliability.py", ["soak", "--steps", "150"], "--steps: expected a positive multiple of 100")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess

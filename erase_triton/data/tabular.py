@@ -28,6 +28,8 @@ class CTRData:
 def batches(data: CTRData, batch_size: int, generator: torch.Generator, drop_last: bool = True):
     """Endless shuffled epochs of (dense, sparse, label) mini-batches."""
     n = len(data)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if batch_size > n:
         raise ValueError(f"batch_size ({batch_size}) is larger than the data ({n} rows)")
     while True:

@@ -168,6 +168,7 @@ class StepState:
         self.caller = None         # the caller's stream (set when the step forks)
         self.host_bound = False    # adaptive erase on the caller's stream (GPU caught up)
         self.capturing = False
+        self.identity_heads = 0    # e2e: non-final heads met (identities)
 
 
 class Scheduler:
@@ -223,6 +224,8 @@ class Scheduler:
         self.last_trace: list = []
         self.last_forks = 0
         self._state: StepState | None = None  # the active step's state
+        self._capture_owns_step = False  # capture() opened the active step (step_fn may open it again)
+        self._nested = False
         self.reduce_plan: UpdatePlan | None = None  # data parallel: which segment averages which gradients
         self._last_device = None
         self._warming = False  # capture()'s warm-up steps: fork like the captured step will
@@ -306,6 +309,14 @@ class Scheduler:
     @contextlib.contextmanager
     def step(self):
         """Context around one training step's forward (with LocalHeads inside)."""
+        if self._state is not None and self._capture_owns_step and not self._nested:
+            # capture(step_fn) opened this step; step_fn opening its own is the same step
+            self._nested = True
+            try:
+                yield self
+            finally:
+                self._nested = False
+            return
         if self._state is not None:
             raise RuntimeError("Scheduler.step() is not re-entrant")
         if self.mode not in MODES:  # `mode` is a plain attribute: checked again where it is used
@@ -341,6 +352,12 @@ class Scheduler:
                 if st.on_streams and not st.host_bound:
                     self._join(st)
                     self._used = min(st.ring.n_streams, self.last_forks + 1)
+                if ok and self.mode == "e2e" and st.seg == 0 and st.identity_heads:
+                    ok = False
+                    raise RuntimeError(
+                        f"e2e step with {st.identity_heads} LocalHead(s) and none of them final: in e2e mode only "
+                        "a final head trains, so this step computed no gradient. Mark the model's top head "
+                        "LocalHead(..., final=True)")
                 if ok and st.dp is not None:
                     self._finish_reduce(st)
                 if ok and self._optimizer is not None:
@@ -371,6 +388,11 @@ class Scheduler:
         """True when the step before this one has finished on the GPU (or there was none)."""
         ev = self._events.get(("end", 0))
         return ev is None or ev.query()
+
+    def identity_head(self):
+        """A non-final head in e2e mode was met (LocalHead calls it)."""
+        if self._state is not None:
+            self._state.identity_heads += 1
 
     def detach_point(self, head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by LocalHead.forward inside step(): backward now, next segment elsewhere."""
@@ -561,8 +583,13 @@ class Scheduler:
         the optimizer's in-place updates (with the cache on, the graph would read the warm-up's casts).
         Returns a callable that replays the graph and returns step_fn's output
         (static tensors, overwritten by each replay). Copy new data into
-        static_inputs before each replay.
+        static_inputs before each replay. step_fn may open ``with self.step():`` itself (an eager
+        step reused as is): that is the step capture opened, not a second one.
         """
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+            raise ValueError(f"warmup must be a positive int, got {warmup!r}")
+        if not callable(step_fn):
+            raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
         if not torch.cuda.is_available():
             raise RuntimeError("Scheduler.capture needs CUDA")
         if self.priorities == "tail" and self.mode == "erase":
@@ -573,19 +600,23 @@ class Scheduler:
         # a ring stream allocates on first use (the heads' per-stream workspaces, zeroed once)
         # exists before capture; allocated during capture, its zero-fill would be recorded
         # and replayed before every head (two fill kernels a head on the H200 trace).
-        self._warming = True
+        self._warming = self._capture_owns_step = True
         try:
             with torch.cuda.stream(side), _autocast_cache_off():
                 for _ in range(warmup):
                     with self.step():
                         step_fn(*static_inputs)
         finally:
-            self._warming = False
+            self._warming = self._capture_owns_step = False
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with _autocast_cache_off(), torch.cuda.graph(graph, stream=side):
-            with self.step():
-                out = step_fn(*static_inputs)
+        self._capture_owns_step = True
+        try:
+            with _autocast_cache_off(), torch.cuda.graph(graph, stream=side):
+                with self.step():
+                    out = step_fn(*static_inputs)
+        finally:
+            self._capture_owns_step = False
         return CapturedStep(graph, out)
 
 

@@ -1,0 +1,75 @@
+"""Property-based tests: fused_local_head against the float64 reference over random shapes, dtypes,
+losses, reductions, ignore_index patterns and non-contiguous inputs (the three-way rule of
+test_local_head.py). Seeded and bounded to keep CI fast; under the interpreter on a CPU."""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from erase_triton import fused_local_head, reference
+from test_local_head import DTYPES, assert_three_way
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+                                reason="needs the Triton interpreter or a GPU")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@st.composite
+def head_case(draw):
+    loss = draw(st.sampled_from(["bce", "mse", "ce"]))
+    C = draw(st.integers(2, 80) if loss == "ce" else st.integers(1, 8))
+    N = draw(st.integers(1, 70))
+    D = draw(st.integers(1, 70))
+    return dict(loss=loss, N=N, D=D, C=C, dtype=draw(st.sampled_from(list(DTYPES))),
+                reduction=draw(st.sampled_from(["mean", "sum"])), bias=draw(st.booleans()),
+                layout=draw(st.sampled_from(["contiguous", "transposed", "strided"])),
+                ignore=draw(st.sampled_from(["none", "some", "all-but-one"])) if loss == "ce" else "none",
+                ignore_index=draw(st.sampled_from([-100, -1, 0])) if loss == "ce" else -100,
+                seed=draw(st.integers(0, 2 ** 16)))
+
+
+def _inputs(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    N, D, C, dt = c["N"], c["D"], c["C"], DTYPES[c["dtype"]]
+    h = torch.randn(N, D, generator=g)
+    if c["layout"] == "transposed":  # a [N, D] view of a [D, N] tensor: no unit stride along D
+        h = h.t().contiguous().t()
+    elif c["layout"] == "strided":  # every other row of a taller tensor
+        h = torch.randn(2 * N, D, generator=g)[::2]
+    w = torch.randn(C, D, generator=g) / max(D, 1) ** 0.5
+    b = torch.randn(C, generator=g) * 0.1 if c["bias"] else None
+    if c["loss"] == "ce":
+        ii = c["ignore_index"]
+        y = torch.randint(0, C, (N,), generator=g)
+        if ii >= 0:  # an ignore_index inside [0, C): rows of that class are skipped
+            y[y == ii] = (ii + 1) % C
+        if c["ignore"] == "some":
+            y[1::3] = ii
+        elif c["ignore"] == "all-but-one":
+            y[1:] = ii
+    elif c["loss"] == "bce":
+        y = torch.rand(N, C, generator=g).round()
+    else:
+        y = torch.randn(N, C, generator=g)
+    mv = lambda t, d=None: t.to(DEVICE, d) if t is not None else None  # noqa: E731
+    return mv(h.to(dt)), mv(w, dt), mv(b, dt), mv(y)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(head_case())
+def test_fused_head_matches_float64_reference(c):
+    h, w, b, y = _inputs(c)
+    kw = dict(loss=c["loss"], reduction=c["reduction"], ignore_index=c["ignore_index"])
+    out = fused_local_head(h, w, b, y, backend="triton", **kw)
+    same = reference.local_head(h, w, b, y, **kw)
+    f64 = lambda t: t.double() if t is not None else None  # noqa: E731
+    ref = reference.local_head(f64(h), f64(w), f64(b), y if c["loss"] == "ce" else f64(y), **kw)
+    dt = DTYPES[c["dtype"]]
+    assert_three_way(out.loss, same.loss, ref.loss, dt, "loss")
+    assert_three_way(out.grad_h, same.grad_h, ref.grad_h, dt, "grad_h")
+    assert_three_way(out.grad_weight, same.grad_weight, ref.grad_weight, dt, "grad_weight")
+    if c["bias"]:
+        assert_three_way(out.grad_bias, same.grad_bias, ref.grad_bias, dt, "grad_bias")
+    assert out.grad_h.shape == h.shape and out.grad_h.is_contiguous()
