@@ -18,7 +18,6 @@ e2e at N against the same ratio at 1.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import torch

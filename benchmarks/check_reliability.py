@@ -71,7 +71,7 @@ def soak(n_steps: int, out: str):
         if graphed:
             run = sched.capture(step, *inputs, warmup=3)
         else:
-            def run():
+            def run(sched=sched, step=step, inputs=inputs):
                 with sched.step():
                     step(*inputs)
         for i in range(1, n_steps + 1):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import erase_triton as et
-from erase_triton.scheduler import executor as scheduler
+from erase_triton.scheduler import graphs as scheduler
 
 
 def main() -> int:

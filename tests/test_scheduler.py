@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from erase_triton import LocalChain, LocalHead, Scheduler
-from erase_triton.scheduler import executor as scheduler
+from erase_triton.scheduler import graphs
 from fake_cuda import fake_cuda as _fake_cuda
 from erase_triton import reference
 from erase_triton.reference import head_loss
@@ -352,13 +352,13 @@ def test_capture_turns_autocast_cache_off():
     # would otherwise be read by the graph, never re-cast (stale after an in-place optimizer update).
     # Shown with CPU autocast, whose cache behaves the same.
     lin, x = nn.Linear(16, 16), torch.randn(4, 16)
-    assert isinstance(scheduler._autocast_cache_off("cpu"), type(contextlib.nullcontext()))  # no autocast
+    assert isinstance(graphs._autocast_cache_off("cpu"), type(contextlib.nullcontext()))  # no autocast
     with torch.autocast("cpu", dtype=torch.bfloat16):
         a = lin(x)
         with torch.no_grad():
             lin.weight.mul_(-1.0)
         assert torch.equal(lin(x), a)  # autocast's cache: the cast made before the update
-        with scheduler._autocast_cache_off("cpu"):
+        with graphs._autocast_cache_off("cpu"):
             assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
             assert torch.get_autocast_dtype("cpu") == torch.bfloat16
             b = lin(x)

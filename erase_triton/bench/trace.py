@@ -93,7 +93,7 @@ def trace(out_dir: str, steps: int = 3, log=say, execs=("graph", "eager"), only:
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         sched = Scheduler("erase")
 
-        def step_fn(*xs):
+        def step_fn(*xs, model=model, opt=opt):
             opt.zero_grad(set_to_none=True)
             model(*xs)
             with torch.profiler.record_function("erase::optimizer"):

@@ -56,20 +56,19 @@ the plan in `last_trace`. `capture()` records a whole step in a CUDA graph.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 
 import torch
 
 from .. import context
-from .collectives import all_reduce_grads
+from .graphs import CapturedStep, capture
 from .plan import RingPlan, UpdatePlan, plan_detach_point
+from .updates import SegmentUpdates, guard_step
 
 __all__ = ["CapturedStep", "Scheduler", "StepState"]
 
 MODES = ("e2e", "sequential", "erase")
 PRIORITIES = ("rising", "tail", "off")
-_local = threading.local()  # the optimizer a Scheduler is stepping right now (see _guard_step)
 
 
 _STREAMS: dict = {}  # (stream id, device index, device type) -> its torch.cuda.Stream object
@@ -112,38 +111,6 @@ def _labelled(head, h, target, seg: int, beside: bool = False, act=None):
     return head.apply_loss(h, target, beside, act=act)
 
 
-def _guard_step(opt, args, kwargs):
-    """Step pre-hook of an optimizer a Scheduler updates: only the scheduler may step it."""
-    if getattr(_local, "updating", None) is not opt:
-        raise RuntimeError(
-            "this optimizer is stepped by a Scheduler(optimizer=...): each segment's parameters are "
-            "updated when its backward ends and the rest when step() exits, so calling "
-            "optimizer.step() as well would apply the update twice. Drop the call, or set "
-            "scheduler.optimizer = None to step it yourself.")
-
-
-def _step_subset(opt, per_group: list):
-    """opt.step() over a subset of its parameters: per_group[i] lists group i's parameters to
-    update (the groups' hyperparameters and the optimizer's per-parameter state are shared)."""
-    groups = opt.param_groups
-    saved = [g["params"] for g in groups]
-    try:
-        for g, ps in zip(groups, per_group):
-            g["params"] = ps
-        opt.param_groups = [g for g, ps in zip(groups, per_group) if ps]
-        _local.updating = opt
-        opt.step()
-    finally:
-        _local.updating = None
-        for g, ps in zip(groups, saved):
-            g["params"] = ps
-        opt.param_groups = groups
-
-
-def _param_key(opt) -> tuple:
-    return tuple(id(p) for g in opt.param_groups for p in g["params"])
-
-
 class StepState:
     """One step's state, made by `Scheduler.step()` and dropped when it exits."""
 
@@ -171,7 +138,7 @@ class StepState:
         self.identity_heads = 0    # e2e: non-final heads met (identities)
 
 
-class Scheduler:
+class Scheduler(SegmentUpdates):
     """Runs LocalHead detach points in one of MODES; see the module docstring.
 
     streams: ring size for "erase" (default: one stream per segment, up to 8 are
@@ -268,7 +235,7 @@ class Scheduler:
         self._optimizer, self.update_plan = opt, None
         if opt is not None:
             # the hook lives as long as this scheduler owns the optimizer
-            self._unguard = weakref.finalize(self, opt.register_step_pre_hook(_guard_step).remove)
+            self._unguard = weakref.finalize(self, opt.register_step_pre_hook(guard_step).remove)
 
     # ------------------------------------------------------------------ the step
     def _ring_stream(self, k: int):
@@ -462,102 +429,6 @@ class Scheduler:
             self._leaf_cache[key] = leaves
         return leaves
 
-    # ------------------------------------------------------------- data parallel
-    def _data_parallel(self, st: "StepState", head):
-        """The head's data-parallel group (also at world size 1: the same collectives), else None."""
-        dp = head.data_parallel
-        if dp is None or dp.local:
-            return None
-        if st.dp is None:
-            st.dp = dp
-        elif st.dp is not dp:
-            raise RuntimeError("the LocalHeads of one step belong to different data_parallel() calls; prepare "
-                               "the whole model with one erase_triton.distributed.data_parallel(model)")
-        return dp
-
-    def _check_not_reduced(self, st: "StepState", seg: int, leaves: frozenset):
-        """Before segment seg's backward: it must not add to a gradient already averaged."""
-        hit = st.reduced & leaves
-        if hit:
-            raise RuntimeError(
-                f"data parallel: segment {seg}'s backward reaches {len(hit)} parameter(s) whose gradient an "
-                f"earlier segment of this step already averaged; the segments differ from the step the reduce "
-                f"plan was learned from. Call Scheduler.reset() after re-wiring which modules a forward uses.")
-
-    def _reduce(self, st: "StepState", seg: int, head, leaves: frozenset, final: bool):
-        """After segment seg's backward, on its stream: average the gradients it completes (the
-        plan's), and after the final head every gradient not averaged yet."""
-        st.dp_segments.append((id(head), leaves))
-        todo = []
-        if st.reduce_ok:
-            params, st.reduce_ok = self.reduce_plan.update_after(seg, id(head))
-            todo = list(params[0]) if params else []
-        if final:
-            todo = [p for p in st.dp.params if id(p) not in st.reduced]
-        if todo:
-            if torch.autograd._profiler_enabled():  # a named range for traces (bench_data_parallel.py)
-                with torch.profiler.record_function(f"erase::allreduce {seg}"):
-                    n = all_reduce_grads(todo, st.dp)
-            else:
-                n = all_reduce_grads(todo, st.dp)
-            st.reduced.update(id(p) for p in todo)
-            st.trace.append(("allreduce", seg, n))
-
-    def _finish_reduce(self, st: "StepState"):
-        """At exit: average what no segment did (no final head ran), and learn the reduce plan."""
-        rest = [p for p in st.dp.params if id(p) not in st.reduced]
-        if rest:
-            st.trace.append(("allreduce", "exit", all_reduce_grads(rest, st.dp)))
-            st.reduced.update(id(p) for p in rest)
-        heads = [h for h, _ in st.dp_segments]
-        if self.reduce_plan is None or not st.reduce_ok or heads != self.reduce_plan.heads:
-            key = tuple(id(p) for p in st.dp.params)
-            self.reduce_plan = UpdatePlan.learn([{"params": list(st.dp.params)}], st.dp_segments, key)
-
-    # ------------------------------------------------------------- early updates
-    def _early_updates(self) -> bool:
-        """At step entry: whether the update plan (learned from the previous step) still fits."""
-        opt = self._optimizer
-        if opt is None or self.mode != "erase":
-            return False
-        if self.update_plan is not None and self.update_plan.key != _param_key(opt):
-            self.update_plan = None  # the optimizer's parameters changed: learn again
-        return self.update_plan is not None
-
-    def _segment_update(self, st: "StepState", head, seg: int, leaves: frozenset):
-        """Before segment seg's backward: refuse it if it reaches a parameter already updated in
-        this step; return the parameters (per group) the plan updates after it, or None."""
-        hit = st.updated & leaves
-        if hit:
-            shapes = [tuple(p.shape) for g in self._optimizer.param_groups for p in g["params"] if id(p) in hit]
-            raise RuntimeError(
-                f"Scheduler(optimizer=...): segment {seg}'s backward reaches {len(hit)} parameter(s) (shapes "
-                f"{shapes[:4]}) already updated earlier in this step; the segments differ from the step the "
-                f"update plan was learned from. Parameters shared across segments must be reached the same "
-                f"way every step, or step the optimizer after the step (optimizer=None).")
-        st.segments.append((id(head), leaves))
-        if not st.plan_ok:
-            return None
-        params, st.plan_ok = self.update_plan.update_after(seg, id(head))
-        return params
-
-    def _update(self, st: "StepState", seg, per_group: list):
-        st.updated.update(id(p) for ps in per_group for p in ps)
-        st.trace.append(("update", seg, sum(map(len, per_group))))
-        _step_subset(self._optimizer, per_group)
-
-    def _finish_updates(self, st: "StepState"):
-        """At exit, on the caller's stream: update what no segment did; learn the plan anew if
-        this step's segments are not the plan's."""
-        opt = self._optimizer
-        rest = [[p for p in g["params"] if id(p) not in st.updated] for g in opt.param_groups]
-        if any(rest):
-            self._update(st, "exit", rest)
-        if st.segments:  # an erase step off the host-bound path: its segments are the next plan
-            heads = [h for h, _ in st.segments]
-            if self.update_plan is None or not st.plan_ok or heads != self.update_plan.heads:
-                self.update_plan = UpdatePlan.learn(opt.param_groups, st.segments, _param_key(opt))
-
     def _join(self, st: "StepState"):
         """The caller's stream waits for every ring stream this step forked, and becomes current."""
         for k in sorted(st.forked):
@@ -567,80 +438,7 @@ class Scheduler:
         torch.cuda.set_stream(st.caller)
 
     # --------------------------------------------------------------- CUDA graphs
-    def capture(self, step_fn, *static_inputs, warmup: int = 3):
-        """Capture ``with self.step(): step_fn(*static_inputs)`` in one CUDA graph.
-
-        Runs `warmup` real steps first (they train: optimizer state and lazy
-        allocations must exist before capture; at least 2 in "erase" mode with
-        priorities="tail", whose second step gives the ring streams their final
-        priorities; they fork at every detach point, like the captured step), then
-        captures one step, including
-        every early backward on its stream and whatever optimizer step step_fn does (or the
-        scheduler's early updates); that optimizer must be capturable (SGD is; Adam and AdamW
-        need capturable=True, and PyTorch raises at capture otherwise).
-        Inside an enclosing ``torch.autocast("cuda")``, the warm-up and capture run with autocast's
-        cast cache off, so every cast of an fp32 weight is a kernel in the graph and replays see
-        the optimizer's in-place updates (with the cache on, the graph would read the warm-up's casts).
-        Returns a callable that replays the graph and returns step_fn's output
-        (static tensors, overwritten by each replay). Copy new data into
-        static_inputs before each replay. step_fn may open ``with self.step():`` itself (an eager
-        step reused as is): that is the step capture opened, not a second one.
-        """
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"warmup must be a positive int, got {warmup!r}")
-        if not callable(step_fn):
-            raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
-        if not torch.cuda.is_available():
-            raise RuntimeError("Scheduler.capture needs CUDA")
-        if self.priorities == "tail" and self.mode == "erase":
-            warmup = max(warmup, 2)  # the second step re-creates the streams at their final priorities
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        # The warm-up steps take the captured step's path (every detach point forks), so what
-        # a ring stream allocates on first use (the heads' per-stream workspaces, zeroed once)
-        # exists before capture; allocated during capture, its zero-fill would be recorded
-        # and replayed before every head (two fill kernels a head on the H200 trace).
-        self._warming = self._capture_owns_step = True
-        try:
-            with torch.cuda.stream(side), _autocast_cache_off():
-                for _ in range(warmup):
-                    with self.step():
-                        step_fn(*static_inputs)
-        finally:
-            self._warming = self._capture_owns_step = False
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        self._capture_owns_step = True
-        try:
-            with _autocast_cache_off(), torch.cuda.graph(graph, stream=side):
-                with self.step():
-                    out = step_fn(*static_inputs)
-        finally:
-            self._capture_owns_step = False
-        return CapturedStep(graph, out)
-
-
-def _autocast_cache_off(device: str = "cuda"):
-    """Inside an enclosing torch.autocast(device), the same autocast with its cast cache off; else nothing.
-
-    Autocast caches the low-precision copy of each fp32 leaf parameter until the outermost autocast
-    exits, and does not watch the parameter's version. Captured inside one autocast region after the
-    warm-up steps filled that cache, a graph would read the warm-up's copies: never re-cast, so its
-    replays would not see an optimizer's in-place updates of the fp32 weights (and the copies are freed
-    when the region ends, while the graph still reads them). With the cache off, every cast is a kernel
-    in the graph, run on each replay. (Why `make_graphed_callables` refuses autocast's cache.)
-    """
-    if not (torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled()):
-        return contextlib.nullcontext()
-    return torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
-
-
-class CapturedStep:
-    """A captured training step: call it to replay."""
-
-    def __init__(self, graph, out):
-        self.graph, self.out = graph, out
-
-    def __call__(self):
-        self.graph.replay()
-        return self.out
+    def capture(self, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
+        """Capture ``with self.step(): step_fn(*static_inputs)`` in one CUDA graph; see
+        `erase_triton.scheduler.graphs.capture`."""
+        return capture(self, step_fn, *static_inputs, warmup=warmup)
