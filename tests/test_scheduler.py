@@ -78,6 +78,19 @@ def assert_same_grads(a, b):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
 
 
+def erase_on_fake_streams(model, x, y, monkeypatch):
+    """One erase step on fake CUDA streams, forking at every detach point: the ring path the GPU runs
+    (forks, events, joins), not the CPU's sequential fallback. Returns the gradients."""
+    log = _fake_cuda(monkeypatch, lambda name: True)
+    model.zero_grad(set_to_none=True)
+    sched = Scheduler("erase", adaptive=False)
+    with sched.step():
+        model(x, y)
+    monkeypatch.undo()
+    assert sched.last_forks == len(model.heads) - 1 and ("set", "s1") in log, sched.last_trace
+    return grads(model)
+
+
 def run(model, mode, x, y):
     model.zero_grad(set_to_none=True)
     sched = Scheduler(mode)
@@ -99,15 +112,7 @@ def test_sequential_and_erase_equal_detached_reference(loss, activation, monkeyp
     assert_same_grads(seq, ref)
     for hd, want in zip(model.heads, ref_losses):  # every head's loss, not only its gradients
         torch.testing.assert_close(hd.last_loss, want.float(), rtol=1e-5, atol=1e-6)
-    # erase on fake CUDA streams: the ring path the GPU runs (forks, events, joins), not the CPU's
-    # sequential fallback; its gradients must be the reference's too
-    log = _fake_cuda(monkeypatch, lambda name: True)
-    model.zero_grad(set_to_none=True)
-    sched = Scheduler("erase", adaptive=False)
-    with sched.step():
-        model(x, y)
-    assert sched.last_forks == len(model.heads) - 1 and ("set", "s1") in log, sched.last_trace
-    assert_same_grads(grads(model), ref)
+    assert_same_grads(erase_on_fake_streams(model, x, y, monkeypatch), ref)
 
 
 @pytest.mark.parametrize("loss,activation", [("bce", None), ("ce", None), ("bce", "relu")])
@@ -148,15 +153,7 @@ def test_local_chain_equals_hand_written_chain(head_every, monkeypatch):
     ref = by_hand(copy.deepcopy(model), detach=True)
     seq, _ = run(model, "sequential", x, y)
     assert_same_grads(seq, ref)
-    # erase on fake CUDA streams: the ring path the GPU runs (forks, events, joins), not the CPU's
-    # sequential fallback; its gradients must be the reference's too
-    log = _fake_cuda(monkeypatch, lambda name: True)
-    model.zero_grad(set_to_none=True)
-    sched = Scheduler("erase", adaptive=False)
-    with sched.step():
-        model(x, y)
-    assert sched.last_forks == len(model.heads) - 1 and ("set", "s1") in log, sched.last_trace
-    assert_same_grads(grads(model), ref)
+    assert_same_grads(erase_on_fake_streams(model, x, y, monkeypatch), ref)
     e2e, _ = run(model, "e2e", x, y)
     assert_same_grads(e2e, by_hand(copy.deepcopy(model), detach=False))
     h = x
