@@ -1,6 +1,13 @@
-"""Fused local head vs torch eager, torch.compile and Liger (ce): time, bandwidth, memory.
+"""Fused local head vs torch eager, torch.compile, Liger and Cut Cross-Entropy (ce): time,
+bandwidth, memory, achieved TFLOP/s.
 
-    python benchmarks/bench_local_head.py [--out benchmarks/results/local_head.csv] [--quick]
+    python benchmarks/bench_local_head.py [--out DIR/local_head.csv] [--quick]
+    python benchmarks/bench_local_head.py --vocab --out DIR/vocab_ce.csv   # the vocabulary CE head alone
+
+--vocab: the CE shapes a language model's head takes, (N, D, V) = (4096, 512, 32000),
+(4096, 4096, 128256), (16384, 256, 256) and the transformer's (b32 s128: N = 4096, D = 256-2048,
+V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
+benchmarks/run_gpu_checks.sh installs .whl/). --shapes N:D:V,... picks others.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
 larger of bytes/copy-bandwidth (copy bandwidth measured in this run) and 3 GEMMs at
@@ -60,6 +67,18 @@ def liger_fn(h, w, b, y):
     return run
 
 
+def cce_fn(h, w, b, y):
+    from cut_cross_entropy import linear_cross_entropy
+
+    ws = w.detach().requires_grad_(True)
+
+    def run():
+        hh = h.detach().requires_grad_(True)
+        out = linear_cross_entropy(hh, ws, y)  # no bias: CCE has none (the bias is zero here)
+        return torch.autograd.grad(out, [hh, ws])
+    return run
+
+
 def ours_fn(loss, h, w, b, y, cfg=None):
     return lambda: fused_local_head(h, w, b, y, loss=loss, config=cfg)
 
@@ -109,6 +128,27 @@ TUNE = {  # kernel variants measured on two anchor configs
 COMPILED = {("bce", 1024, 128, 1), ("bce", 65536, 1024, 1), ("bce", 262144, 1024, 1), ("ce", 1024, 128, 256),
             ("ce", 4096, 512, 32000)}  # torch.compile baseline on these (each costs a compile)
 OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
+VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
+         (4096, 1024, 256), (4096, 2048, 256)]
+
+
+def parse_shapes(text: str) -> list:
+    try:
+        shapes = [tuple(int(x) for x in part.split(":")) for part in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(t) != 3 or min(t) < 1 or t[2] < 2 for t in shapes):
+        raise SystemExit(f"--shapes: expected N:D:V,... with positive N, D and V >= 2, got {text!r}")
+    return shapes
+
+
+def _have(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        print(f"# {module} not importable: skipping that baseline")
+        return False
 
 
 def main():
@@ -116,19 +156,21 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/local_head.csv")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--vocab", action="store_true", help="the vocabulary CE shapes against every baseline")
+    ap.add_argument("--shapes", default=None, help="with --vocab: N:D:V,... instead of the default shapes")
     args = ap.parse_args()
+    shapes = parse_shapes(args.shapes) if args.shapes else VOCAB
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_local_head.py needs a CUDA device")
     meta = metadata()
     bw = copy_bandwidth_gbs()
     meta["copy_gbs"] = round(bw, 1)
     print(f"# {meta['gpu']} torch {meta['torch']} triton {meta['triton']} copy {bw:.0f} GB/s", flush=True)
-    try:
-        import liger_kernel  # noqa: F401
-        have_liger = True
-    except ImportError:
-        have_liger = False
-        print("# liger-kernel not importable: skipping that baseline")
+    have_liger, have_cce = _have("liger_kernel"), _have("cut_cross_entropy")
     rows = []
     configs = CONFIGS[:3] + CONFIGS[9:10] if args.quick else CONFIGS
+    if args.vocab:
+        configs = [("ce", N, D, V, torch.bfloat16) for N, D, V in shapes]
     for loss, N, D, C, dtype in configs:
         h, w, b, y = make(loss, N, D, C, dtype)
         e = h.element_size()
@@ -136,16 +178,19 @@ def main():
         flops = 3 * 2 * N * D * C
         floor_us = max(nbytes / (bw * 1e9), flops / (MATMUL_TFLOPS * 1e12)) * 1e6
         variants = [("torch", torch_fn(loss, h, w, b, y))]
-        if not args.no_compile and (loss, N, D, C) in COMPILED:
+        if not args.no_compile and ((loss, N, D, C) in COMPILED or args.vocab):
             comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
             variants.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
         if loss == "ce" and have_liger:
             variants.append(("liger", liger_fn(h, w, b, y)))
+        if loss == "ce" and have_cce and args.vocab:
+            variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
         variants.append(("ours", ours_fn(loss, h, w, b, y)))
-        tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 else []
+        tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 and not args.vocab else []
         for kw in tune:
             variants.append(("ours " + ",".join(f"{k}={v}" for k, v in kw.items()), ours_fn(loss, h, w, b, y, LaunchConfig(**kw))))
-        if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16:
+        if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16 \
+                and not args.vocab:
             for occ in OCC:
                 variants.append((f"ours occupancy={occ:g}", ours_fn(loss, h, w, b, y, LaunchConfig(occupancy=occ))))
         for name, fn in variants:
@@ -153,7 +198,7 @@ def main():
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 row = dict(loss=loss, N=N, D=D, C=C, dtype=str(dtype).replace("torch.", ""), variant=name,
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
-                           gbs=nbytes / (ms * 1e-3) / 1e9, peak_mb=peak_mb(fn))
+                           gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn))
                 if name in ("ours", "torch") and N <= 4096:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)
@@ -165,7 +210,8 @@ def main():
         torch.cuda.empty_cache()
     write_csv(args.out, rows, meta)
     print_table([r for r in rows if "us" in r and not r["variant"].startswith("ours ")],
-                ["loss", "N", "D", "C", "dtype", "variant", "us", "floor_us", "pct_of_floor", "peak_mb", "launches", "host_us"])
+                ["loss", "N", "D", "C", "dtype", "variant", "us", "floor_us", "pct_of_floor", "tflops", "peak_mb", "launches",
+                 "host_us"])
 
 
 if __name__ == "__main__":

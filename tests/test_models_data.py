@@ -413,7 +413,8 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_data_parallel.py", ["--out", "x.csv", "--widths", "a"], "--widths: expected integers"),
     ("bench_data_parallel.py", ["--out", "x.csv", "--models", "gpt"], "--models takes mlp and/or ctr"),
     ("bench_data_parallel.py", ["--out", "x.csv"], "run it under torchrun"),
-    ("check_reliability.py", ["soak", "--steps", "150"], "--steps: expected a positive multiple of 100")])
+    ("check_reliability.py", ["soak", "--steps", "150"], "--steps: expected a positive multiple of 100"),
+    ("bench_local_head.py", ["--vocab", "--shapes", "4096:512"], "--shapes: expected N:D:V")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
