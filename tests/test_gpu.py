@@ -1,4 +1,6 @@
-"""GPU checks (skipped without CUDA; run on the H200 by benchmarks/run_gpu_checks.sh)."""
+"""GPU checks (skipped without CUDA; run on the H200 by benchmarks/run_gpu_checks.sh).
+
+Long because every check that needs real streams, graphs or NCCL lives here, so a GPU machine runs one file."""
 import copy
 import os
 import subprocess

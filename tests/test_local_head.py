@@ -1,6 +1,12 @@
 """fused_local_head vs the float64 reference, by the three-way rule of STYLE.md:
-|kernel - ref64| <= 2 * |torch_same_precision - ref64| + atol, for loss and every gradient.
-Kernels run under TRITON_INTERPRET=1 on CPU (conftest.py)."""
+|kernel - ref64| <= 2 * |torch_same_precision - ref64| + atol, for loss and every gradient, and
+the same rule on the relative L2 error (which a 2% systematic error fails: test_a_planted_2pct_error_fails_the_check).
+Kernels run under TRITON_INTERPRET=1 on CPU (conftest.py). The interpreter's bf16 outputs carry a
+systematic error of about 0.5% (relative L2) against the fp32-accumulating reference, which is why the
+bf16 bound is 0.8% and not lower.
+
+Long because the three kernels (dense, small CE, vocabulary CE) share one oracle, one tolerance rule and
+one covering design of shapes, and each launch option is checked against the same oracle."""
 import itertools
 import os
 

@@ -1,4 +1,7 @@
-"""LocalHead and Scheduler on CPU: the three modes against hand-written autograd."""
+"""LocalHead and Scheduler on CPU: the three modes against hand-written autograd.
+
+Long because it is the scheduler's whole CPU contract in one place (modes, the plan, fake-stream
+ring, adaptive forking, priorities, early updates, compiled blocks), sharing one set of fixtures."""
 import contextlib
 import copy
 

@@ -51,7 +51,7 @@ class RingPlan:
         return -min(stream, levels - 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DetachPlan:
     """What one detach point does.
 
