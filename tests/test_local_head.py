@@ -283,7 +283,7 @@ def test_small_ce_kernel_accumulates_and_is_deterministic(device):
 
 @pytest.mark.parametrize("phases", [1, 2])
 def test_small_ce_stopped_kernel_leaves_counters_clean(phases, monkeypatch, device):
-    # PHASES < 3 (the profiling knob of bench_ce_path.py --tiles) stops early; the next full
+    # PHASES < 3 (a profiling knob: the kernel stops after phase A or B) stops early; the next full
     # launch on the stream must still find its counters at zero
     h, w, b, y = make("ce", 1100, 48, 130, torch.float32, True, device)
     orig = klh._small_ce_blocks
