@@ -6,6 +6,9 @@ Public API (see README.md):
     LocalChain                                        -- your blocks with a LocalHead after every k-th
     Scheduler                                         -- e2e / sequential / erase on CUDA streams
     compile_blocks                                    -- torch.compile the blocks between heads
+    erase_triton.distributed.data_parallel            -- many GPUs: per-segment gradient all-reduce
+    erase_triton.bench                                -- the runner behind `erase-triton bench|sweep|trace|plot`
+Semantics and guarantees: docs/api.md.
 """
 from erase_triton.kernels.launch import LaunchConfig
 
