@@ -4,7 +4,7 @@ A row tile's logits fit in registers, so dz is known after one pass over D; grad
 written at once and grad_W is summed per *row group* into a private fp32 slot, then summed
 in a fixed order after a grid barrier (deterministic), or added with float atomics into
 ACC_COPIES zeroed accumulators where the weight fits one tile (`LaunchConfig.deterministic`).
-Reference: `erase_triton.reference.local_head`; tests: tests/test_local_head.py.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_dense_head.py, tests/test_local_head.py.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Phase A: per row tile, the C logits in registers (exact softmax), dz to an L2-re
 scratch in h's dtype, grad_h = dz W. Phase B: the GEMM grad_W = dz^T h split over output
 tiles and row groups (split-K), so a grid of a few SMs still has work for every program;
 phase R sums the group rows in a fixed order.
-Reference: `erase_triton.reference.local_head`; tests: tests/test_local_head.py.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_small_ce.py, tests/test_local_head.py.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Phase A runs over row tiles with an online log-sum-exp and accumulates grad_h = softmax @ W
 flash-attention style; phase B runs over vocabulary tiles and sums grad_W from recomputed
 logits and the lse saved by phase A. The logits never reach memory.
-Reference: `erase_triton.reference.local_head`; tests: tests/test_local_head.py.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py, tests/test_local_head.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Property-based tests: fused_local_head against the float64 reference over random shapes, dtypes,
 losses, reductions, ignore_index patterns and non-contiguous inputs (the three-way rule of
-test_local_head.py). Seeded and bounded to keep CI fast; under the interpreter on a CPU."""
+tests/head_checks.py). Seeded and bounded to keep CI fast; under the interpreter on a CPU."""
 import os
 
 import pytest
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from erase_triton import fused_local_head, reference
-from test_local_head import DTYPES, assert_three_way
+from head_checks import DTYPES, assert_three_way
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
                                 reason="needs the Triton interpreter or a GPU")
