@@ -174,7 +174,9 @@ def cmd_plot(a):
         try:
             print(plot_file(p, a.out))
             drawn += 1
-        except (ValueError, KeyError, UnicodeDecodeError, csv.Error) as e:  # not a result CSV of a known study
+        except KeyError as e:  # a known study's columns, one missing
+            print(f"skipped {p}: no plot for it (missing column {e})", file=sys.stderr)
+        except (ValueError, UnicodeDecodeError, csv.Error) as e:  # not a result CSV of a known study
             print(f"skipped {p}: {e}", file=sys.stderr)
     if not drawn:
         _fail("no plot drawn: none of the files is a result CSV of a known study")
