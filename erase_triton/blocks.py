@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .head import LocalHead
 
-__all__ = ["compile_blocks"]
+__all__ = ["compile_blocks", "segment_bodies"]
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
 
@@ -45,6 +45,29 @@ def _fresh_module_call():
     return types.FunctionType(_module_call.__code__.replace(), _module_call.__globals__, "_module_call")
 
 
+def segment_bodies(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every largest submodule of `model` that holds no LocalHead and has
+    parameters, in `named_modules` order: the blocks between detach points (a ModuleList or
+    ModuleDict is not callable: its members are taken instead). What `compile_blocks` compiles
+    and `data_parallel(shard=True)` shards."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    done: set[int] = set()
+    out: list[tuple[str, nn.Module]] = []
+
+    def visit(name: str, m: nn.Module):
+        if id(m) in done or isinstance(m, LocalHead):
+            return
+        done.add(id(m))
+        if isinstance(m, _CONTAINERS) or _has_head(m):
+            for child_name, child in m.named_children():
+                visit(f"{name}.{child_name}" if name else child_name, child)
+        elif any(True for _ in m.parameters()):
+            out.append((name, m))
+    visit("", model)
+    return out
+
+
 def compile_blocks(model: nn.Module, **compile_kwargs) -> list[str]:
     """Compile, in place, every largest submodule of `model` that holds no LocalHead and has
     parameters: the blocks between detach points (a ModuleList or ModuleDict is not callable:
@@ -60,22 +83,9 @@ def compile_blocks(model: nn.Module, **compile_kwargs) -> list[str]:
     Dynamo's warning (the count is per compile_blocks call: other models compiled by other calls
     do not add to it). mode="reduce-overhead" would capture each block in a CUDA graph of its own;
     capture the whole step with `Scheduler.capture` instead."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    bodies = segment_bodies(model)
     compile_kwargs.setdefault("dynamic", False)
     call = torch.compile(_fresh_module_call(), **compile_kwargs)
-    done: set[int] = set()
-    names: list[str] = []
-
-    def visit(name: str, m: nn.Module):
-        if id(m) in done or isinstance(m, LocalHead):
-            return
-        done.add(id(m))
-        if isinstance(m, _CONTAINERS) or _has_head(m):
-            for child_name, child in m.named_children():
-                visit(f"{name}.{child_name}" if name else child_name, child)
-        elif any(True for _ in m.parameters()):
-            m._compiled_call_impl = functools.partial(call, m)  # what nn.Module.compile sets
-            names.append(name)
-    visit("", model)
-    return names
+    for _, m in bodies:
+        m._compiled_call_impl = functools.partial(call, m)  # what nn.Module.compile sets
+    return [name for name, _ in bodies]

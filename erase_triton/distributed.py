@@ -67,17 +67,23 @@ def _refuse_wrappers(model):
             raise ValueError(f"model{'.' + name if name else ''} is a DistributedDataParallel: erase_triton's heads "
                              "back-propagate inside the forward, which DDP's reducer ignores. Pass the plain module "
                              "to erase_triton.distributed.data_parallel instead")
-        if type(m).__name__.startswith("FSDP") or hasattr(m, "_get_fsdp_state"):
+        if type(m).__name__.startswith("FSDP") and _heads(m):
             raise ValueError(f"model{'.' + name if name else ''} is sharded by FSDP (fully_shard): a root over the "
                              "whole chain re-runs post-backward after every segment. Pass the plain module to "
                              "erase_triton.distributed.data_parallel instead")
 
 
-def data_parallel(model: torch.nn.Module, process_group=None, *, broadcast: bool = True) -> torch.nn.Module:
+def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = False,
+                  broadcast: bool = True) -> torch.nn.Module:
     """Make `model` train data-parallel over `process_group` (default: the world) in every
     scheduler mode, with early updates and under `Scheduler.capture`; returns the same object.
 
-    broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does).
+    shard: FSDP2 (`fully_shard`) for every segment body (`erase_triton.blocks.segment_bodies`), each
+    its own root with `reshard_after_forward=False` (its backward follows its forward at once): the
+    body's parameters are sharded and its gradients reduce-scattered by FSDP when its backward ends;
+    the heads' gradients (and any parameter outside a body) are still averaged by the scheduler.
+    For models too large to replicate. Bodies holding a `FusedSGDEmbeddings` stay replicated.
+    broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does), before sharding.
     Raises if the model has no LocalHead, or is already wrapped in DDP / FSDP.
     """
     from .models.embedding import FusedSGDEmbeddings
@@ -90,21 +96,48 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, broadcast: bool
     if not heads:
         raise ValueError("model has no LocalHead: data_parallel is for ERASE models; wrap other models in "
                          "torch.nn.parallel.DistributedDataParallel")
+    if not isinstance(shard, bool):
+        raise TypeError(f"shard must be a bool, got {shard!r}")
     world = dist.get_world_size(process_group)
     fused = [m for m in model.modules() if isinstance(m, FusedSGDEmbeddings)]
-    skip = {id(m.weight) for m in fused}
-    params = tuple(p for p in model.parameters() if p.requires_grad and id(p) not in skip)
-    dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params)
     if broadcast and world > 1:
         src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         with torch.no_grad():
             for t in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(t.data, src, group=process_group)
+    sharded: set = set()
+    if shard:
+        sharded = _shard_bodies(model, process_group)
+    skip = {id(m.weight) for m in fused} | sharded
+    # parameters FSDP manages (DTensors: sharded here or by the caller) have their gradients reduced by FSDP
+    params = tuple(p for p in model.parameters()
+                   if p.requires_grad and id(p) not in skip and type(p.data).__name__ != "DTensor")
+    dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params)
     for h in heads:
         h.data_parallel = dp
     for m in fused:
         m.data_parallel = dp
     return model
+
+
+def _shard_bodies(model, process_group) -> set:
+    """fully_shard every segment body (not those holding fused-SGD tables); ids of their parameters."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from .blocks import segment_bodies
+    from .models.embedding import FusedSGDEmbeddings
+
+    first = next(model.parameters())
+    mesh = DeviceMesh.from_group(process_group if process_group is not None else dist.group.WORLD,
+                                 first.device.type)
+    ids = set()
+    for _, body in segment_bodies(model):
+        if any(isinstance(m, FusedSGDEmbeddings) for m in body.modules()):
+            continue
+        fully_shard(body, mesh=mesh, reshard_after_forward=False)
+        ids.update(id(p) for p in body.parameters())
+    return ids
 
 
 def local_only(model: torch.nn.Module) -> torch.nn.Module:

@@ -60,7 +60,9 @@ def union(case: str, step: int, world: int):
 CASES = {"mlp-e2e": ("e2e", False, False), "mlp-sequential": ("sequential", False, False),
          "mlp-erase": ("erase", False, False), "mlp-erase-early": ("erase", True, False),
          "ctr-erase-fused-sgd": ("erase", False, False), "ctr-sequential-early": ("sequential", True, False),
-         "transformer-erase": ("erase", False, False)}
+         "transformer-erase": ("erase", False, False), "mlp-erase-sharded": ("erase", False, False),
+         "mlp-e2e-sharded": ("e2e", False, False), "transformer-sequential-sharded": ("sequential", False, False),
+         "mlp-erase-early-sharded": ("erase", True, False)}
 CAPTURED = {"mlp-erase-captured": ("erase", False, True), "mlp-erase-early-captured": ("erase", True, True),
             "mlp-e2e-captured": ("e2e", False, True), "ctr-erase-fused-sgd-captured": ("erase", False, True)}
 WARMUP = 3  # Scheduler.capture's warm-up steps (they train, on the first batch)
@@ -81,12 +83,13 @@ def train(case: str, inputs_of, dp: bool):
     mode, early, captured = cases()[case]
     model = build(case)
     if dp:
-        data_parallel(model)
+        data_parallel(model, shard="sharded" in case)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = Scheduler(mode, optimizer=opt if early else None, adaptive=False)
     step_fn = training_step(model, opt, step_optimizer=not early)
-    record = lambda: ({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},  # noqa: E731
-                      {k: p.detach().clone() for k, p in model.named_parameters()})
+    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t.clone()  # noqa: E731  (FSDP: a collective)
+    record = lambda: ({k: full(p.grad) for k, p in model.named_parameters() if p.grad is not None},  # noqa: E731
+                      {k: full(p.detach()) for k, p in model.named_parameters()})
     out = []
     if captured and dp:
         static = [t.clone() for t in inputs_of(0)]
