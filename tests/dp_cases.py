@@ -127,6 +127,20 @@ def refusals() -> dict:
         found["ddp_wrap"] = "no error"
     except ValueError as e:
         found["ddp_wrap"] = str(e)
+    from torch.distributed.fsdp import fully_shard
+
+    whole = fully_shard(build("mlp"))  # one FSDP root over the whole chain
+    try:
+        with Scheduler("erase").step():
+            whole(*batch("mlp", 0, 0))
+        found["fsdp_forward"] = "no error"
+    except RuntimeError as e:
+        found["fsdp_forward"] = str(e)
+    try:
+        data_parallel(whole)
+        found["fsdp_wrap"] = "no error"
+    except ValueError as e:
+        found["fsdp_wrap"] = str(e)
     return found
 
 

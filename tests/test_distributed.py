@@ -42,11 +42,13 @@ def test_ranks_equal_the_union_batch_every_step(ranks, case):
                 torch.testing.assert_close(p_r[k], params[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} rank {r} {k}")
 
 
-def test_whole_model_ddp_is_refused(ranks):
+def test_whole_model_ddp_or_fsdp_is_refused(ranks):
     for r in range(WORLD):
         found = ranks[r]["refusals"]
         assert "erase_triton.distributed.data_parallel" in found["ddp_forward"], found
         assert "DistributedDataParallel" in found["ddp_wrap"], found
+        assert "erase_triton.distributed.data_parallel" in found["fsdp_forward"], found
+        assert "sharded by FSDP" in found["fsdp_wrap"], found
 
 
 def test_data_parallel_needs_a_process_group():
