@@ -73,3 +73,23 @@ def test_torchrun_trains_the_ctr_model_data_parallel(tmp_path):
     import json
     res = json.loads(out.read_text())
     assert res["world_size"] == 2 and len(res["train_loss"]) == 6
+
+
+def test_bench_data_parallel_summary(tmp_path):
+    # benchmarks/bench_data_parallel.py --summary: scaling per mode and erase over e2e at N against 1
+    from erase_triton.bench import read_csv, write_csv
+
+    def rows(world, rates):
+        return [dict(model="ctr", width=2048, batch=16384, exec="graph", mode=m, world_size=world, examples_per_s=r)
+                for m, r in zip(("e2e", "sequential", "erase"), rates)]
+    write_csv(str(tmp_path / "dp_1.csv"), rows(1, [100.0, 110.0, 120.0]))
+    write_csv(str(tmp_path / "dp_2.csv"), rows(2, [190.0, 215.0, 240.0]))
+    root = os.path.dirname(HERE)
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_data_parallel.py"), "--summary",
+                        str(tmp_path / "dp_1.csv"), str(tmp_path / "dp_2.csv"), "--out", str(tmp_path / "s.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (s,) = read_csv(str(tmp_path / "s.csv"))
+    assert float(s["scaling_erase"]) == pytest.approx(2.0) and float(s["scaling_e2e"]) == pytest.approx(1.9)
+    assert float(s["erase_over_e2e_1"]) == pytest.approx(1.2)
+    assert float(s["change"]) == pytest.approx(240 / 190 - 1.2)
