@@ -27,6 +27,38 @@ class _FakeStream:
     def wait_event(self, ev):
         self.log.append(("wait", self.name))
 
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", self.name, other.name))
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: `capture` runs the step eagerly; replay() counts."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def fake_graphs(monkeypatch, log):
+    """Scheduler.capture's CUDA calls on CPU (after fake_cuda): a capture runs its step eagerly, once."""
+    import contextlib
+
+    capturing = [False]
+
+    @contextlib.contextmanager
+    def graph(g, stream=None):
+        capturing[0] = True
+        try:
+            yield
+        finally:
+            capturing[0] = False
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
 
 def fake_cuda(monkeypatch, busy):
     """The stream side of Scheduler.step on CPU: every CUDA call it makes goes to fakes.

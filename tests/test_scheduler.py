@@ -893,3 +893,36 @@ def test_plan_detach_point_decides_fork_waits_join_and_update():
     # no wait on an earlier segment of the same stream (already ordered) or with other leaves
     assert plan_detach_point(1, mode="erase", host_bound=False, final=False, stream=0, ring=ring, leaves=b,
                              earlier={0: (0, a)}).wait_for == ()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_capture_runs_warmup_then_one_step_and_accepts_a_step_fn_that_opens_it(monkeypatch, nested):
+    # Scheduler.capture on fake CUDA (the graph runs eagerly): `warmup` real steps, then the captured
+    # one, every one forking; a step_fn that opens `with sched.step():` itself is the same step
+    from fake_cuda import fake_graphs
+    torch.manual_seed(0)
+    model = Chain()
+    for hd in model.heads:
+        hd.backend = "torch"
+    x, y = data("bce")
+    log = _fake_cuda(monkeypatch, lambda name: True)
+    fake_graphs(monkeypatch, log)
+    sched = Scheduler("erase")
+    calls = []
+
+    def step_fn(x, y):
+        calls.append(1)
+        if nested:
+            with sched.step():
+                model(x, y)
+        else:
+            model(x, y)
+        return sched.last_forks
+    replay = sched.capture(step_fn, x, y, warmup=3)
+    assert len(calls) == 4 and replay.out == len(model.heads) - 1  # 3 warm-up steps + the captured one
+    replay()
+    assert replay.graph.replays == 1
+    with pytest.raises(RuntimeError, match="not re-entrant"):  # outside capture, a nested step still is an error
+        with sched.step():
+            with sched.step():
+                pass

@@ -8,8 +8,8 @@ import torch
 __all__ = ["CapturedStep", "capture"]
 
 
-def capture(self, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
-    """Capture ``with self.step(): step_fn(*static_inputs)`` in one CUDA graph.
+def capture(sched, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
+    """Capture ``with sched.step(): step_fn(*static_inputs)`` in one CUDA graph.
 
     Runs `warmup` real steps first (they train: optimizer state and lazy
     allocations must exist before capture; at least 2 in "erase" mode with
@@ -24,7 +24,7 @@ def capture(self, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
     the optimizer's in-place updates (with the cache on, the graph would read the warm-up's casts).
     Returns a callable that replays the graph and returns step_fn's output
     (static tensors, overwritten by each replay). Copy new data into
-    static_inputs before each replay. step_fn may open ``with self.step():`` itself (an eager
+    static_inputs before each replay. step_fn may open ``with sched.step():`` itself (an eager
     step reused as is): that is the step capture opened, not a second one.
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
@@ -33,7 +33,7 @@ def capture(self, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
         raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
     if not torch.cuda.is_available():
         raise RuntimeError("Scheduler.capture needs CUDA")
-    if self.priorities == "tail" and self.mode == "erase":
+    if sched.priorities == "tail" and sched.mode == "erase":
         warmup = max(warmup, 2)  # the second step re-creates the streams at their final priorities
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -41,23 +41,23 @@ def capture(self, step_fn, *static_inputs, warmup: int = 3) -> "CapturedStep":
     # a ring stream allocates on first use (the heads' per-stream workspaces, zeroed once)
     # exists before capture; allocated during capture, its zero-fill would be recorded
     # and replayed before every head (two fill kernels a head on the H200 trace).
-    self._warming = self._capture_owns_step = True
+    sched._warming = sched._capture_owns_step = True
     try:
         with torch.cuda.stream(side), _autocast_cache_off():
             for _ in range(warmup):
-                with self.step():
+                with sched.step():
                     step_fn(*static_inputs)
     finally:
-        self._warming = self._capture_owns_step = False
+        sched._warming = sched._capture_owns_step = False
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    self._capture_owns_step = True
+    sched._capture_owns_step = True
     try:
         with _autocast_cache_off(), torch.cuda.graph(graph, stream=side):
-            with self.step():
+            with sched.step():
                 out = step_fn(*static_inputs)
     finally:
-        self._capture_owns_step = False
+        sched._capture_owns_step = False
     return CapturedStep(graph, out)
 
 
