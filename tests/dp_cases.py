@@ -108,40 +108,30 @@ def train(case: str, inputs_of, dp: bool):
 
 
 def refusals() -> dict:
-    """What a rank sees for a whole-model DDP: the error messages (or 'no error')."""
+    """What a rank sees for a whole-model DDP and a whole-model fully_shard: the error messages of a
+    step and of data_parallel (or 'no error')."""
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from erase_triton import Scheduler
     from erase_triton.distributed import data_parallel
 
-    found = {}
-    ddp = DDP(build("mlp"), device_ids=[device().index] if device().type == "cuda" else None)
-    try:
-        with Scheduler("erase").step():
-            ddp(*batch("mlp", 0, 0))
-        found["ddp_forward"] = "no error"
-    except RuntimeError as e:
-        found["ddp_forward"] = str(e)
-    try:
-        data_parallel(ddp)
-        found["ddp_wrap"] = "no error"
-    except ValueError as e:
-        found["ddp_wrap"] = str(e)
-    from torch.distributed.fsdp import fully_shard
+    def error_of(fn, exc) -> str:
+        try:
+            fn()
+            return "no error"
+        except exc as e:
+            return str(e)
 
-    whole = fully_shard(build("mlp"))  # one FSDP root over the whole chain
-    try:
+    def step(model):
         with Scheduler("erase").step():
-            whole(*batch("mlp", 0, 0))
-        found["fsdp_forward"] = "no error"
-    except RuntimeError as e:
-        found["fsdp_forward"] = str(e)
-    try:
-        data_parallel(whole)
-        found["fsdp_wrap"] = "no error"
-    except ValueError as e:
-        found["fsdp_wrap"] = str(e)
-    return found
+            model(*batch("mlp", 0, 0))
+    ddp = DDP(build("mlp"), device_ids=[device().index] if device().type == "cuda" else None)
+    whole = fully_shard(build("mlp"))  # one FSDP root over the whole chain
+    return {"ddp_forward": error_of(lambda: step(ddp), RuntimeError),
+            "ddp_wrap": error_of(lambda: data_parallel(ddp), ValueError),
+            "fsdp_forward": error_of(lambda: step(whole), RuntimeError),
+            "fsdp_wrap": error_of(lambda: data_parallel(whole), ValueError)}
 
 
 def run_ranks(world: int, stem: str, cuda: bool = False, timeout: float = 240) -> list:
