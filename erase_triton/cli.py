@@ -76,12 +76,12 @@ def cmd_train(a):
     if a.backend == "triton" and not str(dev).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
         _fail("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow interpreter on CPU)")
     rank0 = dist is None or dist.rank == 0
-    if a.plot is None and not a.no_plot:
+    if a.no_plot:
+        a.plot = None
+    elif a.plot is None:
         a.plot = os.path.join("runs", f"train_{a.model}_{a.mode}.png")
         if rank0:
             os.makedirs("runs", exist_ok=True)
-    if a.no_plot:
-        a.plot = None
     if rank0:
         _writable_file(a.json, "--json")
         _writable_file(a.plot, "--plot")

@@ -35,6 +35,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from .scheduler.collectives import DataParallelGroup, all_reduce_grads, gather_rows
 
@@ -105,13 +106,11 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
         with torch.no_grad():
             for t in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(t.data, src, group=process_group)
-    sharded: set = set()
     if shard:
-        sharded = _shard_bodies(model, process_group)
-    skip = {id(m.weight) for m in fused} | sharded
+        _shard_bodies(model, process_group)
+    skip = {id(m.weight) for m in fused}
     # parameters FSDP manages (DTensors: sharded here or by the caller) have their gradients reduced by FSDP
-    params = tuple(p for p in model.parameters()
-                   if p.requires_grad and id(p) not in skip and type(p.data).__name__ != "DTensor")
+    params = tuple(p for p in model.parameters() if p.requires_grad and id(p) not in skip and not isinstance(p, DTensor))
     dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params)
     for h in heads:
         h.data_parallel = dp
@@ -120,8 +119,8 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
     return model
 
 
-def _shard_bodies(model, process_group) -> set:
-    """fully_shard every segment body (not those holding fused-SGD tables); ids of their parameters."""
+def _shard_bodies(model, process_group):
+    """fully_shard every segment body (not those holding fused-SGD tables)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -131,13 +130,9 @@ def _shard_bodies(model, process_group) -> set:
     first = next(model.parameters())
     mesh = DeviceMesh.from_group(process_group if process_group is not None else dist.group.WORLD,
                                  first.device.type)
-    ids = set()
     for _, body in segment_bodies(model):
-        if any(isinstance(m, FusedSGDEmbeddings) for m in body.modules()):
-            continue
-        fully_shard(body, mesh=mesh, reshard_after_forward=False)
-        ids.update(id(p) for p in body.parameters())
-    return ids
+        if not any(isinstance(m, FusedSGDEmbeddings) for m in body.modules()):
+            fully_shard(body, mesh=mesh, reshard_after_forward=False)
 
 
 def local_only(model: torch.nn.Module) -> torch.nn.Module:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from erase_triton.kernels.launch import LaunchConfig, interpreting
+from erase_triton.kernels.launch import LaunchConfig, check_occupancy, interpreting
 from erase_triton.kernels import plan as _kplan
 from erase_triton.kernels.plan import MAX_DENSE_C, MAX_VOCAB, prepare_launch
 
@@ -23,7 +23,7 @@ __all__ = ["LocalHeadResult", "fused_local_head", "LaunchConfig"]
 
 _LOSSES = ("bce", "ce", "mse")
 _REDUCTIONS = ("mean", "sum")
-_BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "torch")
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_TARGETS = (torch.int64, torch.int32)
 ACTIVATIONS = (None, "relu")
@@ -36,15 +36,6 @@ def _config(occupancy) -> LaunchConfig:
 
 def _fail(msg: str):
     raise ValueError(msg)
-
-
-def check_occupancy(occupancy, allow_auto: bool = False):
-    """None, a number in (0, 1] (not a bool), or "auto" where allowed."""
-    if occupancy is None or (allow_auto and occupancy == "auto" and isinstance(occupancy, str)):
-        return
-    if isinstance(occupancy, bool) or not isinstance(occupancy, (int, float)) or not 0 < occupancy <= 1:
-        want = "a number in (0, 1], None or 'auto'" if allow_auto else "a number in (0, 1] or None"
-        _fail(f"occupancy must be {want}, got {occupancy!r}")
 
 
 def check_activation(activation):
@@ -70,14 +61,19 @@ def check_classes(loss, C, name="weight with"):
         _fail(f"loss='ce' supports 2 <= C <= {MAX_VOCAB} classes, got {name} C={C}")
 
 
-def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
-    """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
-    check_options(loss, reduction, ignore_index)
+def check_types(h, weight, bias, target=None):
+    """TypeError naming the argument that is not a tensor (bias may be None; target is skipped when None)."""
     for name, t in (("h", h), ("weight", weight), ("target", target)):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and not (name == "target" and t is None):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+
+
+def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
+    """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
+    check_options(loss, reduction, ignore_index)
+    check_types(h, weight, bias, target)
     if h.dim() < 1 or not h.is_floating_point():
         _fail(f"h must be a floating tensor [..., D], got shape {tuple(h.shape)} dtype {h.dtype}")
     if weight.dim() != 2 or not weight.is_floating_point():
@@ -110,10 +106,14 @@ def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
     return N, D, C
 
 
+def check_backend(backend):
+    if backend not in BACKENDS:
+        _fail(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
 def use_triton(h, backend) -> bool:
     """Whether `backend` resolves to the Triton kernel for a tensor like h."""
-    if backend not in _BACKENDS:
-        _fail(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    check_backend(backend)
     if backend == "torch":
         return False
     runnable = h.is_cuda or (h.device.type == "cpu" and interpreting())
@@ -239,11 +239,7 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig or None, got {type(config).__name__}")
     check_occupancy(occupancy)
-    for name, t in (("h", h), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    check_types(h, weight, bias)  # before the gradient buffers are made like them; check_args does the rest
     cfg = config if config is not None else _config(occupancy)
     if config is not None and occupancy is not None:
         cfg = dataclasses.replace(config, occupancy=occupancy)

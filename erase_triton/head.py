@@ -27,11 +27,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from erase_triton.kernels.launch import LaunchConfig
+from erase_triton.kernels.launch import LaunchConfig, check_occupancy
 
 from . import context
 
-from .functional import (check_activation, check_args, check_classes, check_occupancy, check_options, local_head_into,
+from .functional import (check_activation, check_args, check_backend, check_classes, check_options, local_head_into,
                          use_triton)
 from .reference import linear_head_loss
 
@@ -43,12 +43,12 @@ DEFAULT_OCCUPANCY = 0.125
 WHOLE_DEVICE_MIN_ELEMENTS = 1 << 25
 
 
-_AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)
+_AUTO_BESIDE = LaunchConfig(DEFAULT_OCCUPANCY)  # occupancy="auto" beside the next segment (the size rule applies)
 
 
 def _distributed_world() -> int:
     dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1  # occupancy="auto" beside the next segment (the size rule applies)
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class LocalHead(nn.Module):
@@ -89,8 +89,7 @@ class LocalHead(nn.Module):
         for name, v in (("bias", bias), ("final", final)):
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, got {v!r}")
-        if backend not in ("auto", "triton", "torch"):
-            raise ValueError(f"backend must be one of ('auto', 'triton', 'torch'), got {backend!r}")
+        check_backend(backend)
         if config is not None and not isinstance(config, LaunchConfig):
             raise TypeError(f"config must be a LaunchConfig or None, got {type(config).__name__}")
         check_occupancy(occupancy, allow_auto=True)

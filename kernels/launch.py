@@ -13,9 +13,18 @@ import os
 import torch
 import triton
 
-__all__ = ["LaunchConfig", "device_limits", "interpreting", "num_programs"]
+__all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
+
+
+def check_occupancy(occupancy, allow_auto: bool = False):
+    """None, a number in (0, 1] (not a bool), or "auto" where allowed; ValueError otherwise."""
+    if occupancy is None or (allow_auto and isinstance(occupancy, str) and occupancy == "auto"):
+        return
+    if isinstance(occupancy, bool) or not isinstance(occupancy, (int, float)) or not 0 < occupancy <= 1:
+        want = "a number in (0, 1], None or 'auto'" if allow_auto else "a number in (0, 1] or None"
+        raise ValueError(f"occupancy must be {want}, got {occupancy!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +78,7 @@ class LaunchConfig:
     two_pass: bool | None = None
 
     def __post_init__(self):
-        occ = self.occupancy
-        if occ is not None and (isinstance(occ, bool) or not isinstance(occ, (int, float)) or not 0.0 < occ <= 1.0):
-            raise ValueError(f"occupancy must be a number in (0, 1] or None, got {occ!r}")
+        check_occupancy(self.occupancy)
         if self.fp32_precision is not None and self.fp32_precision not in _FP32_PRECISIONS:
             raise ValueError(f"fp32_precision must be one of {_FP32_PRECISIONS}, got {self.fp32_precision!r}")
         for name, least in (("block_n", 1), ("block_d", 16), ("block_v", 16)):

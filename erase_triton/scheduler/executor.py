@@ -194,7 +194,6 @@ class Scheduler(SegmentUpdates):
         self._capture_owns_step = False  # capture() opened the active step (step_fn may open it again)
         self._nested = False
         self.reduce_plan: UpdatePlan | None = None  # data parallel: which segment averages which gradients
-        self._last_device = None
         self._warming = False  # capture()'s warm-up steps: fork like the captured step will
         # a process does not gain or lose its CUDA runtime: asked once, not at every step
         self._has_cuda = torch.cuda.is_available()
@@ -241,7 +240,7 @@ class Scheduler(SegmentUpdates):
     def _ring_stream(self, k: int):
         while len(self._streams) <= k:
             prio = RingPlan.priority_of(len(self._streams), self.priorities, self._used)
-            self._streams.append(torch.cuda.Stream(device=self._cuda_device, priority=prio))
+            self._streams.append(torch.cuda.Stream(device=self._state.cuda_device, priority=prio))
             self._stream_prio.append(prio)
         return self._streams[k]
 
@@ -251,7 +250,7 @@ class Scheduler(SegmentUpdates):
         for k in range(len(self._streams)):
             want = RingPlan.priority_of(k, self.priorities, self._used)
             if want != self._stream_prio[k]:
-                self._streams[k] = torch.cuda.Stream(device=self._cuda_device, priority=want)
+                self._streams[k] = torch.cuda.Stream(device=self._state.cuda_device, priority=want)
                 self._stream_prio[k] = want
 
     def _record(self, kind: str, index: int, stream):
@@ -268,10 +267,6 @@ class Scheduler(SegmentUpdates):
         if self._fixed_device is not None:
             return self._fixed_device
         return torch.device("cuda", torch.cuda.current_device())
-
-    @property
-    def _cuda_device(self):
-        return self._state.cuda_device if self._state is not None else self._last_device
 
     @contextlib.contextmanager
     def step(self):
@@ -320,7 +315,6 @@ class Scheduler(SegmentUpdates):
                     self._join(st)
                     self._used = min(st.ring.n_streams, self.last_forks + 1)
                 if ok and self.mode == "e2e" and st.seg == 0 and st.identity_heads:
-                    ok = False
                     raise RuntimeError(
                         f"e2e step with {st.identity_heads} LocalHead(s) and none of them final: in e2e mode only "
                         "a final head trains, so this step computed no gradient. Mark the model's top head "
@@ -335,7 +329,6 @@ class Scheduler(SegmentUpdates):
                     # step never left the caller's stream: the current one)
                     self._record("end", 0, st.caller if st.caller is not None else _current_stream(st.cuda_device))
             finally:
-                self._last_device = st.cuda_device
                 self._state = None
                 context.leave()
 
