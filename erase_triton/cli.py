@@ -87,16 +87,18 @@ def cmd_train(a):
         _writable_file(a.plot, "--plot")
     kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed,
               backend=a.backend, head_every=a.head_every, distributed=dist is not None, progress=rank0)
+    ok = False
     try:
         if a.model == "ctr":
             r = train_ctr(data=a.data, embedding=a.embedding, **kw)
         else:
             r = train_transformer(**kw)
+        ok = True
     except (ImportError, OSError, ValueError) as e:  # missing or malformed data, a batch larger than the data
         _fail(f"{type(e).__name__}: {e}")
     finally:
         if dist is not None:
-            dist.close()
+            dist.close(barrier=ok)
     if not rank0:
         return
     world = f" ranks={r['world_size']}" if r.get("world_size", 1) > 1 else ""

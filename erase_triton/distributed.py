@@ -158,8 +158,13 @@ class Launch:
     world_size: int
     device: str
 
-    def close(self):
+    def close(self, barrier: bool = True):
+        """Tear the process group down once every rank is done with it (a rank that destroys it while
+        another still runs a collective can abort both at exit). barrier=False after an error: the
+        other ranks may never arrive."""
         if dist.is_initialized():
+            if barrier:
+                dist.barrier()
             dist.destroy_process_group()
 
 

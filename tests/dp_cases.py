@@ -183,6 +183,8 @@ def main():
     result = {case: train(case, lambda s, c=case: batch(c, s, rank), dp=True) for case in cases()}
     result["refusals"] = refusals()
     torch.save(result, f"{sys.argv[1]}_{rank}.pt")
+    del result
+    dist.barrier()  # every rank done with the group (FSDP's gathers above) before it goes
     dist.destroy_process_group()
 
 
