@@ -10,6 +10,8 @@
 - with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies;
 - with --head-every K[,K...], both models with a local head after every K-th of their six blocks
   (6/K segments), each K in turn (column head_every);
+- with --vocab V [--vocab-path chunked], the transformer with V classes (its heads on the
+  vocabulary CE kernel for V > 512; columns vocab, vocab_path);
 - with --early-update, erase (compiled blocks, and with --paired uncompiled too) with early updates:
   the scheduler steps each segment's SGD right after its backward (Scheduler(optimizer=); column
   early_update=1).
@@ -47,10 +49,16 @@ def main():
                     "each K in turn; column head_every")
     ap.add_argument("--early-update", action="store_true",
                     help="also erase with early updates (Scheduler(optimizer=)); column early_update")
+    ap.add_argument("--vocab", type=int, default=256,
+                    help="the transformer's classes (256: bytes; e.g. 32000 runs its heads on the vocabulary CE kernel)")
+    ap.add_argument("--vocab-path", default=None, choices=["recompute", "chunked"],
+                    help="with --vocab > 512: the vocabulary CE path of every head (LaunchConfig.vocab_path)")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
     args = ap.parse_args()
     ks = parse_head_every(args.head_every)
+    if args.vocab < 2:
+        raise SystemExit(f"--vocab: expected at least 2 classes, got {args.vocab}")
     try:
         besides = [float(o) for o in args.beside.split(",")] if args.beside else []
         for o in besides:
@@ -62,7 +70,7 @@ def main():
     cases = []
     for k in ks:  # with several K every row names its K (column head_every)
         some = [(f"{name}:{desc['width']}", name, dict(desc, head_every=k) if len(ks) > 1 else desc, build)
-                for name, desc, build in bench_cases(head_every=k) if (name, desc["width"], desc["batch"]) in COMPILE_AT]
+                for name, desc, build in bench_cases(head_every=k, vocab=args.vocab, vocab_path=args.vocab_path) if (name, desc["width"], desc["batch"]) in COMPILE_AT]
         known = {key for key, *_ in some}
         unknown = sorted(set(args.only or ()) - known)
         if unknown:

@@ -44,9 +44,9 @@ def steps():
 
 def heads():
     dev = "cuda"
-    cases = [("bce", 1000, 512, 1), ("mse", 333, 130, 17), ("ce", 777, 64, 40), ("ce", 1000, 256, 300),
-             ("ce", 513, 128, 5000)]
-    for loss, N, D, C in cases:
+    cases = [("bce", 1000, 512, 1, None), ("mse", 333, 130, 17, None), ("ce", 777, 64, 40, None),
+             ("ce", 1000, 256, 300, None), ("ce", 513, 128, 5000, "recompute"), ("ce", 513, 128, 5000, "chunked")]
+    for loss, N, D, C, path in cases:
         for occ in (1 / 32, 1 / 8, None):
             for det in (True, False):
                 g = torch.Generator(device="cpu").manual_seed(0)
@@ -54,10 +54,11 @@ def heads():
                 w = (torch.randn(C, D, generator=g) / D ** 0.5).to(dev, torch.bfloat16)
                 b = torch.randn(C, generator=g).to(dev, torch.bfloat16)
                 y = (torch.randint(0, C, (N,), generator=g) if loss == "ce" else torch.rand(N, C, generator=g)).to(dev)
-                r = fused_local_head(h, w, b, y, loss=loss, config=LaunchConfig(occupancy=occ, deterministic=det))
+                cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, vocab_chunk=1024 if path else None)
+                r = fused_local_head(h, w, b, y, loss=loss, config=cfg)
                 torch.cuda.synchronize()
                 ok = all(torch.isfinite(t).all().item() for t in r)
-                print(f"{loss} N={N} D={D} C={C} occupancy={occ} deterministic={det}: finite={ok}", flush=True)
+                print(f"{loss} N={N} D={D} C={C} {path or ''} occupancy={occ} deterministic={det}: finite={ok}", flush=True)
 
 
 def soak(n_steps: int, out: str):

@@ -1,6 +1,7 @@
 """Registers, spills, shared memory and MMA version of a fused-head kernel for sm_90a, without a GPU.
 
     python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
+    python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path chunked
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
@@ -32,10 +33,10 @@ _PTRS = {"h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h"
 _INTS = {"inv_count": "fp32"}
 
 
-def plan_constexprs(loss, C, D, dtype, occupancy, deterministic):
+def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None):
     import torch
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic)
+    cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic, vocab_path=vocab_path)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan
@@ -88,11 +89,12 @@ def main():
     ap.add_argument("--wdtype", default=None, choices=list(_DT), help="the weight's dtype (default: --dtype)")
     ap.add_argument("--occupancy", type=float, default=None)
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS), help="C > 512: which vocabulary kernel")
     ap.add_argument("--set", nargs="*", default=[], help="constexpr overrides, NAME=VALUE")
     args = ap.parse_args()
-    plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic)
+    plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
-    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16)
+    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
     r = report(plan, args.dtype, over, ints, wdtype=args.wdtype)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0

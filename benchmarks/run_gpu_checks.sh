@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU check and study of erase_triton, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh RESULTS_DIR [parts...]
-#   parts: tests ktests sanitizer soak dp head schedule sweep trace bench compile early quality
+#   parts: tests ktests sanitizer soak dp head vocab schedule sweep trace bench compile early quality
 #   (default: tests ktests sanitizer soak dp; the studies are listed in benchmarks/README.md)
 # Installs the project (no network needed) and leaves logs and CSVs (GPU name, versions, commit,
 # command in each .meta.json) in RESULTS_DIR. Per-part time limits: T_<PART> (seconds). Extra
-# arguments: SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS; TESTS_K and
+# arguments: SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, VOCAB_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS; TESTS_K and
 # KTESTS_K select tests (pytest -k). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 RES=${1:-runs/gpu}; shift || true
@@ -43,6 +43,7 @@ for p in $PARTS; do
                  python3 benchmarks/bench_data_parallel.py --summary "$RES/dp_1.csv" "$RES/dp_$NGPU.csv" --out "$RES/data_parallel.csv"
                fi ;;
     head)      timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
+    vocab)     timeout ${T_VOCAB:-540} python3 benchmarks/bench_local_head.py --vocab --out "$RES/vocab_ce.csv" ${VOCAB_ARGS:-} ;;
     schedule)  timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule_grid.csv" \
                  ${SCHED_ARGS:---exec graph --captures 3 --free-heads --relu-in-head both} | grep -v "^{" ;;
     sweep)     timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" ${SWEEP_ARGS:-} | grep -v "^{" ;;

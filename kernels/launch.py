@@ -16,6 +16,7 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
+VOCAB_PATHS = ("recompute", "chunked")
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):
@@ -54,6 +55,13 @@ class LaunchConfig:
                     adds a partial row to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
+    vocab_path:     the vocabulary CE kernel (C > 512): "recompute" (vocab_ce.py: nothing of size
+                    N x C in memory, the logits recomputed once per D chunk) or "chunked"
+                    (vocab_ce_chunked.py: four GEMM passes, dz through a [N, vocab_chunk] scratch
+                    in h's dtype and an fp32 [N, D] one for grad_h between chunks). None: "recompute".
+    vocab_chunk:    vocabulary columns a chunk of the "chunked" path (rounded up to a multiple of
+                    its vocabulary tile). None: the host rule, a dz scratch of at most
+                    max(16 MiB, a quarter of grad_W's bytes).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight
@@ -76,6 +84,8 @@ class LaunchConfig:
     programs_per_sm: int | None = None  # last fields: positional construction keeps its old meaning
     max_registers: int | None = None
     two_pass: bool | None = None
+    vocab_path: str | None = None
+    vocab_chunk: int | None = None
 
     def __post_init__(self):
         check_occupancy(self.occupancy)
@@ -96,6 +106,11 @@ class LaunchConfig:
             raise ValueError(f"max_registers must be an int in [24, 255] or None, got {self.max_registers!r}")
         if self.two_pass is not None and not isinstance(self.two_pass, bool):
             raise ValueError(f"two_pass must be a bool or None, got {self.two_pass!r}")
+        if self.vocab_path is not None and self.vocab_path not in VOCAB_PATHS:
+            raise ValueError(f"vocab_path must be one of {VOCAB_PATHS} or None, got {self.vocab_path!r}")
+        if self.vocab_chunk is not None and (isinstance(self.vocab_chunk, bool) or not isinstance(self.vocab_chunk, int)
+                                             or self.vocab_chunk < 1):
+            raise ValueError(f"vocab_chunk must be a positive int or None, got {self.vocab_chunk!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

@@ -15,6 +15,7 @@ from .dense_head import dense_head_kernel
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
+from .vocab_ce_chunked import vocab_ce_chunked_kernel
 
 __all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
@@ -175,6 +176,31 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
                 num_warps=cfg.num_warps or 8)
 
 
+def _vocab_chunked_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
+    # every stage a [128, 128] GEMM tile with K steps of 64 (the wgmma shape of a plain Triton GEMM);
+    # the interpreter takes bigger steps (fewer Python-level ops)
+    bk = 64 if cuda else 128
+    return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=cfg.block_v or 128, BLOCK_K=bk, BLOCK_DC=cfg.block_d or 128,
+                num_warps=cfg.num_warps or 8)
+
+
+_CHUNK_MIN_BYTES = 16 << 20  # dz scratch of the chunked vocabulary path: at least this, at most grad_W / 4
+
+
+def vocab_chunk(N: int, C: int, D: int, h_size: int, w_size: int, block_v: int, cfg: LaunchConfig) -> int:
+    """Vocabulary columns a chunk of the chunked CE path: cfg.vocab_chunk, else as many as a dz scratch of
+    max(16 MiB, grad_W bytes / 4) holds, balanced over the chunks; a multiple of block_v."""
+    c_pad = _cdiv(C, block_v) * block_v
+    if cfg.vocab_chunk:
+        return min(_cdiv(cfg.vocab_chunk, block_v) * block_v, c_pad)
+    budget = max(_CHUNK_MIN_BYTES, C * D * w_size // 4)
+    most = max(block_v, budget // (max(N, 1) * h_size) // block_v * block_v)
+    n_chunks = _cdiv(C, most)
+    return min(_cdiv(_cdiv(C, n_chunks), block_v) * block_v, c_pad)
+
+
 class _Plan:
     """Everything about a launch that does not depend on N, computed once per key."""
 
@@ -207,24 +233,28 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if p is not None:
         return p
     kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
+    if kind == "vocab" and cfg.vocab_path == "chunked":
+        kind = "vocab_chunked"
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":
         blk = _small_ce_blocks(D, C, cfg, cuda, h_dtype.itemsize)
-    else:
+    elif kind == "vocab":
         blk = _vocab_blocks(D, cfg, cuda)
+    else:
+        blk = _vocab_chunked_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
     maxnreg = blk.pop("maxnreg", None)
     # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
-    # kernel reads h once per vocabulary tile and has no such output (the caller applies the ReLU)
+    # kernels read h once per vocabulary tile and have no such output (the caller applies the ReLU)
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
-              RELU=relu, STORE_ACT=store_act and kind != "vocab", **blk)
+              RELU=relu, STORE_ACT=store_act and kind in ("dense", "small"), **blk)
     if kind == "dense":
         cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
         kernel = dense_head_kernel
     else:
         cx.update(CE_MEAN=reduction == "mean")
-        kernel = small_ce_kernel if kind == "small" else vocab_ce_kernel
+        kernel = {"small": small_ce_kernel, "vocab": vocab_ce_kernel, "vocab_chunked": vocab_ce_chunked_kernel}[kind]
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
     p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)
@@ -383,6 +413,23 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
         n_buf = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats
         n_acc = 0
+    elif plan.kind == "vocab_chunked":
+        inv_count = 1.0
+        bv = cx["BLOCK_V"]
+        n_v = _cdiv(C, bv)
+        # stage L: enough vocabulary splits that every program has a (row tile, split) item
+        G = max(1, min(n_v, _cdiv(p_occ, n_tiles)))
+        tpg = _cdiv(n_v, G)
+        G = _cdiv(n_v, tpg)
+        chunk = vocab_chunk(N, C, D, h2.element_size(), weight.element_size(), bv, cfg)
+        n_chunks = _cdiv(C, chunk)
+        n_d = _cdiv(D, cx["BLOCK_DC"])
+        P = min(p_occ, max(n_tiles * G, n_tiles * (chunk // bv) + (chunk // bv) * n_d + n_tiles * n_d))
+        pad = lambda x: _cdiv(x, 16) * 16  # noqa: E731  (the kernel's region padding)
+        n_buf = (2 * pad(G * N) + pad(N) + pad(n_tiles) + (pad(n_tiles * C) if has_bias else 0)
+                 + (pad(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
+        n_acc = 0
+        stride_g = chunk  # the kernel's CHUNK argument
     else:
         inv_count = 1.0
         n_v = _cdiv(C, cx["BLOCK_V"])

@@ -88,7 +88,7 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
     check_at_scale(loss, N, D, C, dtype)
 
 
-def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
+def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None, **config):
     g = torch.Generator(device=dev).manual_seed(0)
     h = torch.randn(N, D, device=dev, generator=g).to(dtype)
     w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(dtype)
@@ -104,9 +104,9 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
     z = F.linear(F.relu(h.double()) if activation == "relu" else h.double(), w.double(), b.double()).requires_grad_()
     head_loss(z, y if loss == "ce" else y.double(), loss, "mean", -100).backward()
     dz_abs_sum = z.grad.abs().sum(0)  # per class: the scale of grad_bias's float32 rounding
-    det = et.LaunchConfig(occupancy=occupancy, deterministic=True)
+    det = et.LaunchConfig(occupancy=occupancy, deterministic=True, **config)
     # default (float atomics where they apply), and deterministic
-    for cfg in (et.LaunchConfig(occupancy=occupancy), det):
+    for cfg in (et.LaunchConfig(occupancy=occupancy, **config), det):
         out = fused_local_head(h, w, b, y, loss=loss, config=cfg, activation=activation)
         if activation == "relu":
             assert (out.grad_h[h <= 0] == 0).all(), "grad_h not zero where h <= 0"
@@ -138,6 +138,19 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None):
 ])
 def test_relu_activation_at_scale(loss, N, D, C, dtype, occupancy):
     check_at_scale(loss, N, D, C, dtype, occupancy, activation="relu")
+
+
+@pytest.mark.parametrize("N,D,C,dtype,occupancy,chunk,activation", [
+    (4096, 512, 32000, torch.bfloat16, None, None, None),
+    (4096, 512, 32000, torch.bfloat16, 0.125, None, "relu"),
+    (2048, 256, 131072, torch.bfloat16, None, None, None),
+    (3001, 130, 1000, torch.float32, None, 256, None),  # four chunks, the last one short
+    (4099, 1024, 50257, torch.float16, 0.5, 8192, "relu"),
+])
+def test_chunked_vocab_kernel_at_scale(N, D, C, dtype, occupancy, chunk, activation):
+    klh._PLANS.clear()
+    check_at_scale("ce", N, D, C, dtype, occupancy, activation, vocab_path="chunked", vocab_chunk=chunk)
+    assert {p.kind for p in klh._PLANS.values()} == {"vocab_chunked"}
 
 
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [

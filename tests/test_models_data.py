@@ -279,6 +279,30 @@ def test_transformer_head_every():
         TinyTransformer(layers=6, head_every=4)
 
 
+@pytest.mark.parametrize("path", ["recompute", "chunked"])
+def test_transformer_with_a_vocabulary_head_matches_the_torch_backend(path):
+    # 600 classes: every head on a vocabulary CE kernel (set_vocab_path picks which), one erase step
+    # against the same model on the PyTorch backend
+    import copy
+
+    import erase_triton.kernels.plan as klh
+    from erase_triton.bench import set_vocab_path
+    klh._PLANS.clear()
+    torch.manual_seed(0)
+    m = TinyTransformer(vocab=600, width=32, layers=6, n_heads=2, max_seq=8, head_every=3, backend="triton")
+    ref = copy.deepcopy(m)
+    for hd in ref.heads:
+        hd.backend = "torch"
+    set_vocab_path(m, path)
+    x, y = torch.randint(0, 600, (2, 8)), torch.randint(0, 600, (2, 8))
+    for model in (m, ref):
+        with Scheduler("erase").step():
+            model(x, y)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda s, n=name: f"{n}: {s}")
+    assert {p.kind for p in klh._PLANS.values()} == {"vocab" if path == "recompute" else "vocab_chunked"}
+
+
 # ------------------------------------------------------------------------ CLI
 @pytest.mark.skipif(not HAVE_RECBOLE, reason="recbole not installed")
 def test_cli_train_ctr_writes_summary(tmp_path, capsys):

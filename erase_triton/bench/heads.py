@@ -4,6 +4,7 @@
 workload with any of them."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -12,7 +13,7 @@ from .. import reference
 from ..head import LocalHead
 from ..reference import linear_head_loss
 
-__all__ = ["CompiledTorchHead", "FreeHead", "HEADS", "free_heads", "swap_heads", "with_heads"]
+__all__ = ["CompiledTorchHead", "FreeHead", "HEADS", "free_heads", "set_vocab_path", "swap_heads", "with_heads"]
 
 
 class FreeHead(LocalHead):
@@ -101,3 +102,14 @@ def with_heads(workload, heads: str, *args, **kw):
     elif heads.startswith("free"):
         free_heads(model, "replayed" if heads == "free-replayed" else "constant")
     return model, inputs
+
+
+def set_vocab_path(model, path: str):
+    """Every LocalHead of model takes this vocabulary CE path (`LaunchConfig.vocab_path`) in both of
+    its launch settings. A head with occupancy="auto" keeps 1/8 of the SMs beside the next segment
+    but loses the whole-device rule for inputs of 2^25 elements or more (`LocalHead.launch_config`)."""
+    for m in model.modules():
+        if isinstance(m, LocalHead):
+            m.config = dataclasses.replace(m.config, vocab_path=path)
+            m.beside_config = dataclasses.replace(m.beside_config, vocab_path=path)
+    return model

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from ..models.ctr import CTRConfig, CTRModel
 from ..models.mlp import MLPChain
 from ..models.transformer import TinyTransformer
+from .heads import set_vocab_path
 from ..reference import head_loss
 
 CTR_EMBEDDING = "fused_sgd"
@@ -36,14 +37,18 @@ def ctr_workload(width: int, batch: int, *, tables: int = 26, rows: int = 100_00
 
 
 def transformer_workload(width: int, batch: int, seq: int, *, occupancy="auto", backend="auto", device="cuda",
-                         dtype=torch.bfloat16, seed=0, head_every: int = 1):
-    """The six-layer transformer (a CE head every `head_every` layers) and one batch of tokens."""
+                         dtype=torch.bfloat16, seed=0, head_every: int = 1, vocab: int = 256, vocab_path=None):
+    """The six-layer transformer (a CE head every `head_every` layers) and one batch of tokens.
+    vocab: the heads' classes (256: bytes; a larger one takes the vocabulary CE kernels, whose path
+    `vocab_path` picks: `set_vocab_path`)."""
     torch.manual_seed(seed)
-    model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
+    model = TinyTransformer(vocab=vocab, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
                             backend=backend, occupancy=occupancy, head_every=head_every).to(device, dtype)
+    if vocab_path is not None:
+        set_vocab_path(model, vocab_path)
     g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randint(0, 256, (batch, seq), generator=g).to(device)
-    y = torch.randint(0, 256, (batch, seq), generator=g).to(device)
+    x = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    y = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     return model, (x, y)
 
 
@@ -87,10 +92,11 @@ COMPILE_AT = {("ctr", 512, 4096), ("ctr", 1024, 16384), ("ctr", 2048, 16384), ("
 
 
 def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: str = CTR_EMBEDDING,
-                head_every: int = 1) -> list:
+                head_every: int = 1, vocab: int = 256, vocab_path=None) -> list:
     """The speedup study's sizes as (model name, size dict, build() -> (model, inputs)); on a
     CPU one small size a model. head_every=k: both models with a local head after every k-th
-    of their six blocks (size dicts then carry head_every)."""
+    of their six blocks (size dicts then carry head_every). vocab, vocab_path: the transformer's
+    (`transformer_workload`; size dicts carry them where they differ from 256 and None)."""
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     ctr = [(128, 512)] if not cuda else (BENCH_CTR[2:4] if quick else BENCH_CTR)
@@ -100,8 +106,9 @@ def bench_cases(quick: bool = False, models=("ctr", "transformer"), embedding: s
               lambda w=w, b=b: ctr_workload(w, b, device=dev, rows=100_000 if cuda else 1000, embedding=embedding,
                                             head_every=head_every))
              for w, b in ctr if "ctr" in models]
-    cases += [("transformer", dict(width=w, batch=b, seq=s, **k),
+    tk = dict(k, **({} if vocab == 256 else dict(vocab=vocab)), **({} if vocab_path is None else dict(vocab_path=vocab_path)))
+    cases += [("transformer", dict(width=w, batch=b, seq=s, **tk),
                lambda w=w, b=b, s=s: transformer_workload(w, b, s, device=dev, dtype=torch.bfloat16 if cuda else torch.float32,
-                                                          head_every=head_every))
+                                                          head_every=head_every, vocab=vocab, vocab_path=vocab_path))
               for w, b, s in tf if "transformer" in models]
     return cases
