@@ -10,7 +10,7 @@
 - with --beside OCC,..., erase with compiled blocks and the side heads at other occupancies;
 - with --head-every K[,K...], both models with a local head after every K-th of their six blocks
   (6/K segments), each K in turn (column head_every);
-- with --vocab V [--vocab-path chunked], the transformer with V classes (its heads on the
+- with --vocab V [--vocab-path PATH], the transformer with V classes (its heads on the
   vocabulary CE kernel for V > 512; columns vocab, vocab_path);
 - with --early-update, erase (compiled blocks, and with --paired uncompiled too) with early updates:
   the scheduler steps each segment's SGD right after its backward (Scheduler(optimizer=); column
@@ -51,7 +51,7 @@ def main():
                     help="also erase with early updates (Scheduler(optimizer=)); column early_update")
     ap.add_argument("--vocab", type=int, default=256,
                     help="the transformer's classes (256: bytes; e.g. 32000 runs its heads on the vocabulary CE kernel)")
-    ap.add_argument("--vocab-path", default=None, choices=["recompute", "chunked"],
+    ap.add_argument("--vocab-path", default=None, choices=["recompute", "vocab_chunks", "row_chunks"],
                     help="with --vocab > 512: the vocabulary CE path of every head (LaunchConfig.vocab_path)")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])

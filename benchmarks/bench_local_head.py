@@ -7,8 +7,9 @@ bandwidth, memory, achieved TFLOP/s.
 --vocab: the CE shapes a language model's head takes, (N, D, V) = (4096, 512, 32000),
 (4096, 4096, 128256), (16384, 256, 256) and the transformer's (b32 s128: N = 4096, D = 256-2048,
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
-benchmarks/run_gpu_checks.sh installs .whl/), with both vocabulary paths (`ours`: the default,
-`ours-chunked`: LaunchConfig(vocab_path="chunked")) where V > 512. --shapes N:D:V,... picks others.
+benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours`: the default,
+`ours-vocab_chunks` and `ours-row_chunks`: LaunchConfig(vocab_path=...), also at other chunk sizes
+and at occupancy 1/8). --shapes N:D:V,... picks others.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
 larger of bytes/copy-bandwidth (copy bandwidth measured in this run) and 3 GEMMs at
@@ -131,7 +132,7 @@ COMPILED = {("bce", 1024, 128, 1), ("bce", 65536, 1024, 1), ("bce", 262144, 1024
 OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
-VOCAB_CHUNKS = [1024, 4096, 8192, 32768]  # columns a dz chunk of the chunked path (the default: a 16 MiB scratch or more)
+CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096]}  # besides the host rule's
 
 
 def parse_shapes(text: str) -> list:
@@ -188,12 +189,13 @@ def main():
         if loss == "ce" and have_cce and args.vocab:
             variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
         variants.append(("ours", ours_fn(loss, h, w, b, y)))
-        if args.vocab and C > 512:  # the two vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
-            variants.append(("ours-chunked", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="chunked"))))
-            for chunk in VOCAB_CHUNKS:
-                variants.append((f"ours-chunked vocab_chunk={chunk}",
-                                 ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="chunked", vocab_chunk=chunk))))
-            for path in ("recompute", "chunked"):
+        if args.vocab and C > 512:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
+            for path, sizes in CHUNK_SIZES.items():
+                variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
+                for size in sizes:
+                    variants.append((f"ours-{path} chunk_size={size}",
+                                     ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
+            for path in ("recompute", *CHUNK_SIZES):
                 variants.append((f"ours-{path} occupancy=0.125",
                                  ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
         tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 and not args.vocab else []
@@ -209,7 +211,7 @@ def main():
                 row = dict(loss=loss, N=N, D=D, C=C, dtype=str(dtype).replace("torch.", ""), variant=name,
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
                            gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn))
-                if name in ("ours", "ours-chunked", "torch") and N <= 4096:
+                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)
             except Exception as ex:  # a baseline failing must not lose the other rows

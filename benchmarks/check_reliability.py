@@ -45,7 +45,8 @@ def steps():
 def heads():
     dev = "cuda"
     cases = [("bce", 1000, 512, 1, None), ("mse", 333, 130, 17, None), ("ce", 777, 64, 40, None),
-             ("ce", 1000, 256, 300, None), ("ce", 513, 128, 5000, "recompute"), ("ce", 513, 128, 5000, "chunked")]
+             ("ce", 1000, 256, 300, None), ("ce", 513, 128, 5000, "recompute"), ("ce", 513, 128, 5000, "vocab_chunks"),
+             ("ce", 513, 128, 5000, "row_chunks")]
     for loss, N, D, C, path in cases:
         for occ in (1 / 32, 1 / 8, None):
             for det in (True, False):
@@ -54,7 +55,7 @@ def heads():
                 w = (torch.randn(C, D, generator=g) / D ** 0.5).to(dev, torch.bfloat16)
                 b = torch.randn(C, generator=g).to(dev, torch.bfloat16)
                 y = (torch.randint(0, C, (N,), generator=g) if loss == "ce" else torch.rand(N, C, generator=g)).to(dev)
-                cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, vocab_chunk=1024 if path else None)
+                cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, chunk_size=256 if path else None)
                 r = fused_local_head(h, w, b, y, loss=loss, config=cfg)
                 torch.cuda.synchronize()
                 ok = all(torch.isfinite(t).all().item() for t in r)

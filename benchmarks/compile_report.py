@@ -1,7 +1,7 @@
 """Registers, spills, shared memory and MMA version of a fused-head kernel for sm_90a, without a GPU.
 
     python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
-    python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path chunked
+    python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path row_chunks
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs

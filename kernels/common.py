@@ -184,3 +184,19 @@ def logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h, HAS_BIAS: 
     if HAS_BIAS:
         b_z += tl.load(b_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return b_z
+
+
+@triton.jit
+def pad16(x):
+    # workspace regions start at 64-byte boundaries (vector loads)
+    return tl.cdiv(x, 16) * 16
+
+
+@triton.jit
+def wait_stage(done_ptr, passed, start):
+    # Stages of one work queue (the chunked vocabulary kernels): before an item of the stage whose
+    # first item is `start`, every earlier item is done. `passed`: the start this program last waited
+    # for (none again). Items are claimed in order, so every earlier item belongs to a running program.
+    if passed < start:
+        wait_all(done_ptr, start)
+    return tl.maximum(passed, start)

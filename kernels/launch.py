@@ -16,7 +16,7 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
-VOCAB_PATHS = ("recompute", "chunked")
+VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks")
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):
@@ -55,13 +55,19 @@ class LaunchConfig:
                     adds a partial row to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
-    vocab_path:     the vocabulary CE kernel (C > 512): "recompute" (vocab_ce.py: nothing of size
-                    N x C in memory, the logits recomputed once per D chunk) or "chunked"
-                    (vocab_ce_chunked.py: four GEMM passes, dz through a [N, vocab_chunk] scratch
-                    in h's dtype and an fp32 [N, D] one for grad_h between chunks). None: "recompute".
-    vocab_chunk:    vocabulary columns a chunk of the "chunked" path (rounded up to a multiple of
-                    its vocabulary tile). None: the host rule, a dz scratch of at most
-                    max(16 MiB, a quarter of grad_W's bytes).
+    vocab_path:     the vocabulary CE kernel (C > 512). None: "recompute".
+                    "recompute" (vocab_ce.py): nothing of size N x C in memory; the logits are
+                    recomputed once per D chunk of grad_h and of grad_W.
+                    "vocab_chunks" (vocab_ce_vocab_chunks.py): four GEMM passes; dz goes through an
+                    [N, chunk_size] scratch in h's dtype (and grad_h through an fp32 [N, D] one
+                    between chunks).
+                    "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators go
+                    through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
+                    row chunks in its own dtype (exact with one chunk).
+                    Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
+    chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks") a chunk, rounded up
+                    to the kernel's tile. None: the host rule, a scratch of at most
+                    max(16 MiB, a quarter of grad_W's bytes) (`kernels.plan.chunk_size_for`).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight
@@ -85,7 +91,7 @@ class LaunchConfig:
     max_registers: int | None = None
     two_pass: bool | None = None
     vocab_path: str | None = None
-    vocab_chunk: int | None = None
+    chunk_size: int | None = None
 
     def __post_init__(self):
         check_occupancy(self.occupancy)
@@ -108,9 +114,9 @@ class LaunchConfig:
             raise ValueError(f"two_pass must be a bool or None, got {self.two_pass!r}")
         if self.vocab_path is not None and self.vocab_path not in VOCAB_PATHS:
             raise ValueError(f"vocab_path must be one of {VOCAB_PATHS} or None, got {self.vocab_path!r}")
-        if self.vocab_chunk is not None and (isinstance(self.vocab_chunk, bool) or not isinstance(self.vocab_chunk, int)
-                                             or self.vocab_chunk < 1):
-            raise ValueError(f"vocab_chunk must be a positive int or None, got {self.vocab_chunk!r}")
+        if self.chunk_size is not None and (isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int)
+                                            or self.chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive int or None, got {self.chunk_size!r}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
 

@@ -15,7 +15,8 @@ from .dense_head import dense_head_kernel
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
-from .vocab_ce_chunked import vocab_ce_chunked_kernel
+from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
+from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
 __all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
 
@@ -176,29 +177,32 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
                 num_warps=cfg.num_warps or 8)
 
 
-def _vocab_chunked_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+def _chunked_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+    # the chunked vocabulary kernels: every stage a [128, 128] GEMM tile with K steps of 64 (the wgmma
+    # shape of a plain Triton GEMM); the interpreter takes bigger steps (fewer Python-level ops)
     if cfg.block_n is not None and cfg.block_n < 16:
         raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
-    # every stage a [128, 128] GEMM tile with K steps of 64 (the wgmma shape of a plain Triton GEMM);
-    # the interpreter takes bigger steps (fewer Python-level ops)
-    bk = 64 if cuda else 128
-    return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=cfg.block_v or 128, BLOCK_K=bk, BLOCK_DC=cfg.block_d or 128,
-                num_warps=cfg.num_warps or 8)
+    bv = cfg.block_v or 128
+    return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=bv, BLOCK_K=min(64 if cuda else 128, bv),
+                BLOCK_DC=cfg.block_d or 128, num_warps=cfg.num_warps or 8)
 
 
-_CHUNK_MIN_BYTES = 16 << 20  # dz scratch of the chunked vocabulary path: at least this, at most grad_W / 4
+_L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
+_CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
 
 
-def vocab_chunk(N: int, C: int, D: int, h_size: int, w_size: int, block_v: int, cfg: LaunchConfig) -> int:
-    """Vocabulary columns a chunk of the chunked CE path: cfg.vocab_chunk, else as many as a dz scratch of
-    max(16 MiB, grad_W bytes / 4) holds, balanced over the chunks; a multiple of block_v."""
-    c_pad = _cdiv(C, block_v) * block_v
-    if cfg.vocab_chunk:
-        return min(_cdiv(cfg.vocab_chunk, block_v) * block_v, c_pad)
+def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig) -> int:
+    """Columns ("vocab_chunks") or rows ("row_chunks") a chunk: cfg.chunk_size rounded up to `tile`, else
+    as many as a scratch of max(16 MiB, grad_W bytes / 4) holds, balanced over the chunks; never more
+    than the whole (padded) extent."""
+    whole, across = (C, N) if path == "vocab_chunks" else (N, _cdiv(C, tile) * tile)
+    whole_pad = _cdiv(whole, tile) * tile
+    if cfg.chunk_size:
+        return min(_cdiv(cfg.chunk_size, tile) * tile, whole_pad)
     budget = max(_CHUNK_MIN_BYTES, C * D * w_size // 4)
-    most = max(block_v, budget // (max(N, 1) * h_size) // block_v * block_v)
-    n_chunks = _cdiv(C, most)
-    return min(_cdiv(_cdiv(C, n_chunks), block_v) * block_v, c_pad)
+    most = max(tile, budget // (max(across, 1) * h_size) // tile * tile)
+    n_chunks = _cdiv(whole, most)
+    return min(_cdiv(_cdiv(whole, n_chunks), tile) * tile, whole_pad)
 
 
 class _Plan:
@@ -233,8 +237,8 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if p is not None:
         return p
     kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
-    if kind == "vocab" and cfg.vocab_path == "chunked":
-        kind = "vocab_chunked"
+    if kind == "vocab" and cfg.vocab_path in ("vocab_chunks", "row_chunks"):
+        kind = cfg.vocab_path
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":
@@ -242,7 +246,7 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     elif kind == "vocab":
         blk = _vocab_blocks(D, cfg, cuda)
     else:
-        blk = _vocab_chunked_blocks(D, cfg, cuda)
+        blk = _chunked_blocks(D, cfg, cuda)
     num_warps = blk.pop("num_warps")
     maxnreg = blk.pop("maxnreg", None)
     # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
@@ -254,7 +258,8 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
         kernel = dense_head_kernel
     else:
         cx.update(CE_MEAN=reduction == "mean")
-        kernel = {"small": small_ce_kernel, "vocab": vocab_ce_kernel, "vocab_chunked": vocab_ce_chunked_kernel}[kind]
+        kernel = {"small": small_ce_kernel, "vocab": vocab_ce_kernel, "vocab_chunks": vocab_ce_vocab_chunks_kernel,
+                  "row_chunks": vocab_ce_row_chunks_kernel}[kind]
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
     p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)
@@ -413,23 +418,31 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
         n_buf = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats
         n_acc = 0
-    elif plan.kind == "vocab_chunked":
+    elif plan.kind in ("vocab_chunks", "row_chunks"):
         inv_count = 1.0
         bv = cx["BLOCK_V"]
         n_v = _cdiv(C, bv)
-        # stage L: enough vocabulary splits that every program has a (row tile, split) item
-        G = max(1, min(n_v, _cdiv(p_occ, n_tiles)))
-        tpg = _cdiv(n_v, G)
-        G = _cdiv(n_v, tpg)
-        chunk = vocab_chunk(N, C, D, h2.element_size(), weight.element_size(), bv, cfg)
-        n_chunks = _cdiv(C, chunk)
         n_d = _cdiv(D, cx["BLOCK_DC"])
-        P = min(p_occ, max(n_tiles * G, n_tiles * (chunk // bv) + (chunk // bv) * n_d + n_tiles * n_d))
-        pad = lambda x: _cdiv(x, 16) * 16  # noqa: E731  (the kernel's region padding)
-        n_buf = (2 * pad(G * N) + pad(N) + pad(n_tiles) + (pad(n_tiles * C) if has_bias else 0)
-                 + (pad(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
+        pad = lambda x: _cdiv(x, 16) * 16  # noqa: E731  (the kernels' region padding)
+        tile = bv if plan.kind == "vocab_chunks" else bn
+        chunk = chunk_size_for(plan.kind, N, C, D, h2.element_size(), weight.element_size(), tile, cfg)
+        if plan.kind == "vocab_chunks":
+            # stage L: (row tile, vocabulary split) items, about 8 a program: the stage's tail is short
+            G = max(1, min(n_v, _cdiv(_L_ITEMS_PER_PROGRAM * p_occ, n_tiles)))
+            tpg = _cdiv(n_v, G)
+            G = _cdiv(n_v, tpg)
+            n_chunks = _cdiv(C, chunk)
+            P = min(p_occ, max(n_tiles * G, n_tiles * (chunk // bv) + (chunk // bv) * n_d + n_tiles * n_d))
+            n_buf = (2 * pad(G * N) + pad(N) + pad(n_tiles) + (pad(n_tiles * chunk) if has_bias else 0)
+                     + (pad(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
+        else:
+            G = tpg = 1
+            rt = chunk // bn
+            P = min(p_occ, max(n_v * rt, rt * n_d + n_v * n_d))
+            n_buf = (2 * pad(chunk * n_v) + 2 * pad(chunk) + pad(n_tiles) + (pad(C) if has_bias else 0)
+                     + _cdiv(chunk * n_v * bv * h2.element_size(), 4))
         n_acc = 0
-        stride_g = chunk  # the kernel's CHUNK argument
+        stride_g = chunk  # the kernels' chunk argument
     else:
         inv_count = 1.0
         n_v = _cdiv(C, cx["BLOCK_V"])

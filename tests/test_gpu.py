@@ -140,17 +140,19 @@ def test_relu_activation_at_scale(loss, N, D, C, dtype, occupancy):
     check_at_scale(loss, N, D, C, dtype, occupancy, activation="relu")
 
 
+@pytest.mark.parametrize("path", ["vocab_chunks", "row_chunks"])
 @pytest.mark.parametrize("N,D,C,dtype,occupancy,chunk,activation", [
     (4096, 512, 32000, torch.bfloat16, None, None, None),
     (4096, 512, 32000, torch.bfloat16, 0.125, None, "relu"),
     (2048, 256, 131072, torch.bfloat16, None, None, None),
-    (3001, 130, 1000, torch.float32, None, 256, None),  # four chunks, the last one short
-    (4099, 1024, 50257, torch.float16, 0.5, 8192, "relu"),
+    (3001, 130, 1000, torch.float32, None, 256, None),  # four chunks, the last one short (both paths)
+    (4099, 1024, 50257, torch.float16, 0.5, 1024, "relu"),
 ])
-def test_chunked_vocab_kernel_at_scale(N, D, C, dtype, occupancy, chunk, activation):
+def test_chunked_vocab_kernel_at_scale(path, N, D, C, dtype, occupancy, chunk, activation):
     klh._PLANS.clear()
-    check_at_scale("ce", N, D, C, dtype, occupancy, activation, vocab_path="chunked", vocab_chunk=chunk)
-    assert {p.kind for p in klh._PLANS.values()} == {"vocab_chunked"}
+    size = chunk if path == "vocab_chunks" or chunk is None else 4 * chunk
+    check_at_scale("ce", N, D, C, dtype, occupancy, activation, vocab_path=path, chunk_size=size)
+    assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [

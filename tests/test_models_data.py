@@ -279,7 +279,7 @@ def test_transformer_head_every():
         TinyTransformer(layers=6, head_every=4)
 
 
-@pytest.mark.parametrize("path", ["recompute", "chunked"])
+@pytest.mark.parametrize("path", ["recompute", "vocab_chunks", "row_chunks"])
 def test_transformer_with_a_vocabulary_head_matches_the_torch_backend(path):
     # 600 classes: every head on a vocabulary CE kernel (set_vocab_path picks which), one erase step
     # against the same model on the PyTorch backend
@@ -300,7 +300,7 @@ def test_transformer_with_a_vocabulary_head_matches_the_torch_backend(path):
             model(x, y)
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda s, n=name: f"{n}: {s}")
-    assert {p.kind for p in klh._PLANS.values()} == {"vocab" if path == "recompute" else "vocab_chunked"}
+    assert {p.kind for p in klh._PLANS.values()} == {"vocab" if path == "recompute" else path}
 
 
 # ------------------------------------------------------------------------ CLI

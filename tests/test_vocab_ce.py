@@ -1,5 +1,6 @@
-"""The vocabulary CE kernels (C > 512; kernels/vocab_ce.py and, with LaunchConfig(vocab_path="chunked"),
-kernels/vocab_ce_chunked.py): long rows, out-of-range class ids, the chunks, against the float64 reference."""
+"""The vocabulary CE kernels (C > 512; kernels/vocab_ce.py and, picked by LaunchConfig.vocab_path,
+kernels/vocab_ce_vocab_chunks.py and kernels/vocab_ce_row_chunks.py): long rows, out-of-range class ids,
+the chunks, against the float64 reference."""
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ def test_ce_vocab_large_rows(device):
 # long enough (1100 rows under the interpreter: 9 row blocks of 128, 2 groups at occupancy 1/2).
 # 16-bit inputs with C <= 256 take the grad_h^T = W^T dz^T form (GH_T), the others dz W.
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees the NaN made
-@pytest.mark.parametrize("C,kind", [(5, "dense"), (100, "small"), (1000, "vocab"), (1000, "vocab_chunked")])
+@pytest.mark.parametrize("C,kind", [(5, "dense"), (100, "small"), (1000, "vocab"), (1000, "vocab_chunks"),
+                                    (1000, "row_chunks")])
 def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     # ids >= C and negative ids other than ignore_index: no out-of-bounds read (the vocabulary kernel
     # gathers W[t]), a NaN loss and NaN gradients where the row reaches, every other row as before
@@ -28,7 +30,7 @@ def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     y_bad = y.clone()
     y_bad[3], y_bad[7] = C, -1
     klh._PLANS.clear()
-    cfg = LaunchConfig(vocab_path="chunked" if kind == "vocab_chunked" else None)
+    cfg = LaunchConfig(vocab_path=kind if kind.endswith("_chunks") else None)
     out = fused_local_head(h, w, b, y_bad, loss="ce", backend="triton", config=cfg)
     assert {p.kind for p in klh._PLANS.values()} == {kind}
     assert torch.isnan(out.loss)
@@ -43,56 +45,83 @@ def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
         fused_local_head(h.cpu(), w.cpu(), b.cpu(), y_bad.cpu(), loss="ce", backend="torch")
 
 
-# The chunked vocabulary path (kernels/vocab_ce_chunked.py, LaunchConfig(vocab_path="chunked")):
-# one chunk and several (the last one short: 1000 = 3 x 256 + 232), one row tile and several, every
-# dtype, with and without bias, the ReLU, sum reduction, one program (occupancy 1/32: every stage
-# barrier with a single program) and several vocabulary splits in stage L (occupancy 1, 4 programs).
-CHUNKED = [  # N, D, C, dtype, bias, occupancy, chunk, activation, reduction
-    (63, 50, 1000, "fp32", True, None, None, None, "mean"),
-    (300, 130, 1000, "fp32", False, 0.5, 256, None, "mean"),
-    (300, 40, 1000, "bf16", True, 1 / 32, 384, "relu", "mean"),
-    (63, 50, 1000, "fp16", True, None, 128, None, "sum"),
-    (1, 50, 1000, "bf16", False, None, 256, None, "mean"),
-    (130, 33, 513, "fp32", True, 1 / 32, 256, "relu", "sum"),
+# The chunked vocabulary paths (LaunchConfig.vocab_path; kernels/vocab_ce_vocab_chunks.py and
+# kernels/vocab_ce_row_chunks.py): one chunk and several, the last one short (vocab_chunks: 1000 columns =
+# 3 x 256 + 232; row_chunks: 300 rows = 2 x 128 + 44), one row tile and several, every dtype, with and
+# without bias, the ReLU, sum reduction, one program (occupancy 1/32: every stage barrier with a single
+# program) and several vocabulary splits in vocab_chunks' stage L (occupancy 1, 4 programs).
+CHUNKED = [  # N, D, C, dtype, bias, occupancy, chunk_size (vocab_chunks, row_chunks), activation, reduction
+    (63, 50, 1000, "fp32", True, None, (None, None), None, "mean"),
+    (300, 130, 1000, "fp32", False, 0.5, (256, 128), None, "mean"),
+    (300, 40, 1000, "bf16", True, 1 / 32, (384, 200), "relu", "mean"),
+    (63, 50, 1000, "fp16", True, None, (128, 128), None, "sum"),
+    (1, 50, 1000, "bf16", False, None, (256, 128), None, "mean"),
+    (130, 33, 513, "fp32", True, 1 / 32, (256, 128), "relu", "sum"),
 ]
+PATHS = ("vocab_chunks", "row_chunks")
 
 
-@pytest.mark.parametrize("N,D,C,dt,bias,occupancy,chunk,activation,reduction", CHUNKED,
-                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-chunk{c[6]}" for c in CHUNKED])
-def test_chunked_vocab_matches_reference(N, D, C, dt, bias, occupancy, chunk, activation, reduction, device):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("N,D,C,dt,bias,occupancy,chunks,activation,reduction", CHUNKED,
+                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-chunks{c[6][0]}-{c[6][1]}" for c in CHUNKED])
+def test_chunked_vocab_matches_reference(path, N, D, C, dt, bias, occupancy, chunks, activation, reduction, device):
     klh._PLANS.clear()
-    cfg = LaunchConfig(occupancy=occupancy, vocab_path="chunked", vocab_chunk=chunk)
+    cfg = LaunchConfig(occupancy=occupancy, vocab_path=path, chunk_size=chunks[PATHS.index(path)])
     check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction, config=cfg, activation=activation)
-    assert {p.kind for p in klh._PLANS.values()} == {"vocab_chunked"}
+    assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
-def test_chunked_vocab_is_bitwise_reproducible_and_close_to_the_recompute_path(device):
+@pytest.mark.parametrize("path,chunk", [("vocab_chunks", 256), ("row_chunks", 128)])
+def test_chunked_vocab_is_bitwise_reproducible_and_close_to_the_recompute_path(path, chunk, device):
     h, w, b, y = make("ce", 300, 40, 1000, torch.float32, True, device)
-    chunked = LaunchConfig(vocab_path="chunked", vocab_chunk=256)
-    a = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=chunked)
-    again = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=chunked)
+    cfg = LaunchConfig(vocab_path=path, chunk_size=chunk)
+    a = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+    again = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
     other = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(vocab_path="recompute"))
     for x, z, r in zip(a, again, other):
         assert torch.equal(x, z)
         torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-6)
 
 
-def test_chunked_vocab_chunk_rule():
+def test_chunk_size_rule():
     cfg = LaunchConfig()
-    # (4096, 512, 32000) bf16: a 16 MiB dz scratch, 2048 columns (16 chunks)
-    assert klh.vocab_chunk(4096, 32000, 512, 2, 2, 128, cfg) == 2048
-    # (4096, 4096, 128256) bf16: a quarter of grad_W's 1.05 GB, balanced over 5 chunks
-    c = klh.vocab_chunk(4096, 128256, 4096, 2, 2, 128, cfg)
-    assert c % 128 == 0 and -(-128256 // c) == 5 and 4096 * c * 2 <= 128256 * 4096 * 2 // 4 + 128 * 4096 * 2
-    # small heads: one chunk of the whole (padded) vocabulary; an explicit chunk rounded up to the tile
-    assert klh.vocab_chunk(63, 1000, 50, 4, 4, 128, cfg) == 1024
-    assert klh.vocab_chunk(63, 1000, 50, 4, 4, 128, LaunchConfig(vocab_chunk=300)) == 384
+    rule = klh.chunk_size_for
+    # (4096, 512, 32000) bf16: a 16 MiB scratch; vocab_chunks: 2048 columns (16 chunks), row_chunks: 256 rows
+    assert rule("vocab_chunks", 4096, 32000, 512, 2, 2, 128, cfg) == 2048
+    assert rule("row_chunks", 4096, 32000, 512, 2, 2, 128, cfg) == 256
+    # (4096, 4096, 128256) bf16: a quarter of grad_W's 1.05 GB, balanced over the chunks
+    c = rule("vocab_chunks", 4096, 128256, 4096, 2, 2, 128, cfg)
+    assert c % 128 == 0 and -(-128256 // c) == 5
+    assert rule("row_chunks", 4096, 128256, 4096, 2, 2, 128, cfg) == 1024
+    # small heads: one chunk of the whole (padded) extent; an explicit size rounded up to the tile
+    assert rule("vocab_chunks", 63, 1000, 50, 4, 4, 128, cfg) == 1024
+    assert rule("row_chunks", 63, 1000, 50, 4, 4, 128, cfg) == 128
+    assert rule("vocab_chunks", 63, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
+    assert rule("row_chunks", 4096, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
 
 
 @pytest.mark.parametrize("kw,match", [(dict(vocab_path="fast"), "vocab_path must be one of"),
-                                      (dict(vocab_chunk=0), "vocab_chunk must be a positive int"),
-                                      (dict(vocab_chunk=True), "vocab_chunk must be a positive int"),
-                                      (dict(vocab_chunk=2.5), "vocab_chunk must be a positive int")])
+                                      (dict(chunk_size=0), "chunk_size must be a positive int"),
+                                      (dict(chunk_size=True), "chunk_size must be a positive int"),
+                                      (dict(chunk_size=2.5), "chunk_size must be a positive int")])
 def test_vocab_options_are_checked(kw, match):
     with pytest.raises(ValueError, match=match):
         LaunchConfig(**kw)
+
+
+@pytest.mark.parametrize("path,chunk", [("vocab_chunks", 256), ("row_chunks", 128), ("vocab_chunks", None)])
+def test_chunked_vocab_stays_inside_its_workspace(path, chunk, monkeypatch, device):
+    # the host's workspace size (plan.prepare_launch) against the kernel's layout: a guard of sentinels
+    # right after the floats the launch asked for must come back untouched
+    guard = []
+
+    def floats(self, n):
+        big = torch.full((n + 4096,), 12345.0, device=self.ctr.device)
+        guard.append(big[n:])
+        return big[:n]
+
+    monkeypatch.setattr(klh._Workspace, "floats", floats)
+    klh._workspace(torch.device(device)).buf = torch.empty(0, device=device)
+    h, w, b, y = make("ce", 300, 40, 1000, torch.bfloat16, True, device)
+    fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(vocab_path=path, chunk_size=chunk))
+    assert len(guard) == 1 and (guard[0] == 12345.0).all()

@@ -1,8 +1,9 @@
-"""The chunked vocabulary CE kernel: "ce" with C > 512 as four GEMM passes, one launch.
+"""The vocabulary-chunked CE kernel: "ce" with C > 512 as four GEMM passes, one launch.
 
-The other vocabulary kernel (vocab_ce.py) never writes anything of size N x C, and pays for it by
+The recompute kernel (vocab_ce.py) never writes anything of size N x C, and pays for it by
 recomputing the logits once per D chunk of grad_h and of grad_W (about 2 * D / BLOCK_DC + 2 GEMMs
-of 2·N·D·C flops). This one does the minimum of four, each a plain tiled GEMM:
+of 2·N·D·C flops). This one does four, each a plain tiled GEMM, in a bounded scratch (the
+row-chunked kernel, vocab_ce_row_chunks.py, does three in a scratch of whole rows):
 
   L   (row tile, vocabulary split) -> running max and sum of exp over the split: z = h W^T
   then, for each chunk of vocabulary columns (host-sized: a dz scratch of 16 MiB to a quarter of grad_W):
@@ -12,9 +13,9 @@ of 2·N·D·C flops). This one does the minimum of four, each a plain tiled GEMM
       (row tile, D tile)           -> grad_h += dz W[chunk], K over the chunk (fp32 between chunks)
 
 All stages share one work queue: a program claims the next item and, before the first item of a
-stage, waits until every item of the stages before it is done (one cumulative done counter; the
-claims are ordered, so every earlier item belongs to a running program: no deadlock at any
-occupancy). Every output element has one writer and every sum a fixed order: no float atomics,
+stage, waits until every item of the stages before it is done (common.wait_stage: one cumulative
+done counter; the claims are ordered, so every earlier item belongs to a running program: no
+deadlock at any occupancy). In G_c the items with the longer K go first, so a stage ends on short ones. Every output element has one writer and every sum a fixed order: no float atomics,
 bitwise reproducible. Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
 """
 from __future__ import annotations
@@ -22,13 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in, relu_out, logits_tile
-
-
-@triton.jit
-def _pad16(x):
-    # workspace regions start at 64-byte boundaries (vector loads)
-    return tl.cdiv(x, 16) * 16
+from .common import claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in, relu_out, logits_tile, pad16
 
 
 @triton.jit
@@ -45,7 +40,7 @@ def _row_lse(m_ptr, s_ptr, o_n, m_n, N, n_splits):
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
-def vocab_ce_chunked_kernel(
+def vocab_ce_vocab_chunks_kernel(
     h_ptr,        # [N, D] input rows (unit stride along D)
     w_ptr,        # [C, D] head weight, contiguous
     b_ptr,        # [C] head bias (unused without HAS_BIAS)
@@ -56,7 +51,7 @@ def vocab_ce_chunked_kernel(
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
     ws_ptr,       # fp32 workspace: max [S, N] | sum [S, N] | z_t [N] | loss per row tile [n_tiles]
-                  #   | grad_b per row tile [n_tiles, C] (HAS_BIAS) | grad_h [N, D] (several chunks)
+                  #   | grad_b per row tile [n_tiles, chunk] (HAS_BIAS) | grad_h [N, D] (several chunks)
                   #   | dz [N, chunk] in h's dtype   (each region padded to 16 floats)
     acc_ptr,      # unused (the dense kernel's ATOMIC accumulator)
     ctr_ptr,      # [16] int32 workspace: counters, zero on entry and on exit
@@ -77,27 +72,29 @@ def vocab_ce_chunked_kernel(
         scale = inv_count
     S = n_groups
     m_ptr = ws_ptr
-    s_ptr = m_ptr + _pad16(S * N)
-    zt_ptr = s_ptr + _pad16(S * N)
-    part_l_ptr = zt_ptr + _pad16(N)
-    gbp_ptr = part_l_ptr + _pad16(n_tiles)
+    s_ptr = m_ptr + pad16(S * N)
+    zt_ptr = s_ptr + pad16(S * N)
+    part_l_ptr = zt_ptr + pad16(N)
+    gbp_ptr = part_l_ptr + pad16(n_tiles)
     if HAS_BIAS:
-        acc_h_ptr = gbp_ptr + _pad16(n_tiles.to(tl.int64) * C)
+        acc_h_ptr = gbp_ptr + pad16(n_tiles.to(tl.int64) * chunk)
     else:
         acc_h_ptr = gbp_ptr
     n_chunks = tl.cdiv(C, chunk)
     n_acc_h = tl.where(n_chunks > 1, N * D, 0).to(tl.int64)
-    dz_ptr = (acc_h_ptr + _pad16(n_acc_h)).to(tl.pointer_type(gh_ptr.dtype.element_ty))
+    dz_ptr = (acc_h_ptr + pad16(n_acc_h)).to(tl.pointer_type(gh_ptr.dtype.element_ty))
 
     n_d = tl.cdiv(D, BLOCK_DC)
     n_vc = chunk // BLOCK_V                 # vocabulary tiles a chunk
     n_l = n_tiles * S                       # stage L items
     n_dz = n_tiles * n_vc                   # stage D_c items
-    n_gw = n_vc * n_d                       # stage G_c: grad_W items, then grad_h items
-    n_stage = n_dz + n_gw + n_tiles * n_d   # items of one chunk (D_c then G_c)
+    n_gw = n_vc * n_d                       # stage G_c: grad_W items (K: N rows) ...
+    n_gh = n_tiles * n_d                    # ... and grad_h items (K: the chunk's columns)
+    n_stage = n_dz + n_gw + n_gh            # items of one chunk (D_c then G_c)
     n_items = n_l + n_chunks * n_stage
+    gh_first = chunk > N                    # the longer K first
 
-    passed = tl.full([], 0, tl.int32)  # the barrier this program has already waited on
+    passed = tl.full([], 0, tl.int32)  # the stage start this program has already waited for
     item = claim(ctr_ptr + 2)
     while item < n_items:
         if item < n_l:
@@ -130,10 +127,7 @@ def vocab_ce_chunked_kernel(
             r = item - n_l
             c = r // n_stage
             q = r % n_stage
-            st = n_l + c * n_stage + tl.where(q < n_dz, 0, n_dz)  # first item of this stage
-            if passed < st:
-                wait_all(ctr_ptr + 3, st)
-                passed = st
+            passed = wait_stage(ctr_ptr + 3, passed, n_l + c * n_stage + tl.where(q < n_dz, 0, n_dz))
             c0 = c * chunk                   # first vocabulary column of the chunk
             c_hi = tl.minimum(c0 + chunk, C)
             if q < n_dz:
@@ -156,7 +150,7 @@ def vocab_ce_chunked_kernel(
                     tl.store(dz_ptr + o_n[:, None] * chunk + o_j[None, :], b_dz.to(gh_ptr.dtype.element_ty),
                              mask=m_n[:, None])
                     if HAS_BIAS:
-                        tl.store(gbp_ptr + t.to(tl.int64) * C + o_v, tl.sum(b_dz, axis=0), mask=m_v)
+                        tl.store(gbp_ptr + t.to(tl.int64) * chunk + o_j, tl.sum(b_dz, axis=0), mask=m_v)
                     if c == 0:
                         if j == 0:
                             b_zt = tl.load(zt_ptr + o_n, mask=m_row, other=0.0, cache_modifier=".cg")
@@ -168,7 +162,13 @@ def vocab_ce_chunked_kernel(
                     if q == 0:  # every row tile's loss partial is in (stage D_0 is done)
                         tl.store(loss_ptr + tl.arange(0, 1),
                                  sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
-                if q < n_gw:
+                if gh_first:
+                    is_gw = q >= n_gh
+                    q = tl.where(is_gw, q - n_gh, q)
+                else:
+                    is_gw = q < n_gw
+                    q = tl.where(is_gw, q, q - n_gw)
+                if is_gw:
                     # ---- stage G_c: grad_W[chunk tile j, D tile d] = dz[:, j]^T relu(h[:, d])
                     j = q // n_d
                     d = q % n_d
@@ -192,11 +192,10 @@ def vocab_ce_chunked_kernel(
                             if d == 0:
                                 b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
                                 for tt in range(0, n_tiles):
-                                    b_gb += tl.load(gbp_ptr + tt * C + o_v, mask=m_v, other=0.0, cache_modifier=".cg")
+                                    b_gb += tl.load(gbp_ptr + tt * chunk + o_j, mask=m_v, other=0.0, cache_modifier=".cg")
                                 store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
                 else:
                     # ---- stage G_c: grad_h[row tile t, D tile d] += dz[t, chunk] W[chunk, d]
-                    q = q - n_gw
                     t = q // n_d
                     d = q % n_d
                     o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N

@@ -1,0 +1,228 @@
+"""The row-chunked vocabulary CE kernel: "ce" with C > 512 as three GEMM passes, one launch.
+
+The vocabulary-chunked kernel (vocab_ce_vocab_chunks.py) needs every row's log-sum-exp before its
+first dz, so it computes the logits twice (four GEMMs). This one computes them once: it keeps the
+softmax numerators of a chunk of rows, each tile against its own maximum, and rescales them by
+exp(tile max - lse) as the gradient GEMMs load them. Per chunk of `chunk` rows (host-sized: a
+scratch of 16 MiB to a quarter of grad_W; one chunk where that holds all rows):
+
+  E_r (vocabulary tile, row tile) -> z = h W^T; e = exp(z - max of the tile's row) into an
+                                     [chunk, C] scratch in h's dtype; the tile's row max and sum of e
+  S_r (row tile)                  -> lse of each row from its tiles' maxima and sums; the loss
+  G_r (row tile, D tile)          -> grad_h = dz W, K over the whole vocabulary
+      (vocabulary tile, D tile)   -> grad_W += dz^T relu(h), K over the chunk's rows
+  with dz = scale * (e * exp(tile max - lse) - onehot(t)) formed in registers as a tile is loaded.
+
+grad_W is summed over the row chunks in its own dtype (a bf16 weight: one rounding a chunk; one
+chunk: none); grad_b in an fp32 scratch. The work queue, stage barriers and determinism are those of
+vocab_ce_vocab_chunks.py (common.wait_stage): one writer per output element, fixed-order sums.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, sum_vec, relu_in, relu_out,
+                     logits_tile, pad16)
+
+
+@triton.jit
+def _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_r, m_r, o_v, m_v, chunk, C_PAD, v_tile, r0, ignore_index, C, scale):
+    # fp32 dz of rows o_r (global ids; chunk rows o_r - r0) and columns o_v (all in vocabulary tile
+    # v_tile) from the stored numerators; zero in rows that do not count, NaN in rows with a bad id
+    o_c = o_r - r0
+    b_t = tl.load(y_ptr + o_r, mask=m_r, other=ignore_index)
+    m_row, b_bad = ce_rows(b_t, m_r, ignore_index, C)
+    b_rs = tl.where(m_row, scale, 0.0) + b_bad
+    b_f = tl.exp(tl.load(mt_ptr + v_tile * chunk + o_c, mask=m_r, other=0.0, cache_modifier=".cg")
+                 - tl.load(lse_ptr + o_c, mask=m_r, other=0.0, cache_modifier=".cg")) * b_rs
+    b_e = tl.load(e_ptr + o_c[:, None] * C_PAD + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
+    b_dz = b_e.to(tl.float32) * b_f[:, None] - tl.where(o_v[None, :] == b_t[:, None], b_rs[:, None], 0.0)
+    return tl.where(m_row[:, None] & m_v[None, :], b_dz, 0.0)
+
+
+@triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
+def vocab_ce_row_chunks_kernel(
+    h_ptr,        # [N, D] input rows (unit stride along D)
+    w_ptr,        # [C, D] head weight, contiguous
+    b_ptr,        # [C] head bias (unused without HAS_BIAS)
+    y_ptr,        # [N] int targets (ignore_index skips a row)
+    gh_ptr,       # [N, D] out: grad_h, contiguous, h's dtype
+    act_ptr,      # unused (the caller writes relu(h); same launch signature as the other kernels)
+    gw_ptr,       # [C, D] out: grad_W, weight's dtype
+    gb_ptr,       # [C] out: grad_b
+    loss_ptr,     # [1] out: loss, fp32
+    ws_ptr,       # fp32 workspace: tile max [n_v, chunk] | tile sum [n_v, chunk] | lse [chunk] | z_t [chunk]
+                  #   | loss per row tile [n_tiles] | grad_b [C] (HAS_BIAS) | e [chunk, n_v * BLOCK_V] in h's dtype
+                  #   (each region padded to 16 floats)
+    acc_ptr,      # unused (the dense kernel's ATOMIC accumulator)
+    ctr_ptr,      # [16] int32 workspace: counters, zero on entry and on exit
+    N, D, C, stride_h,
+    chunk,        # rows a chunk (a multiple of BLOCK_N; the stride_g slot of the signature)
+    ignore_index, inv_count,
+    n_tiles,      # row tiles of BLOCK_N
+    n_groups, tiles_per_group,  # unused (the other kernels' row groups)
+    n_programs,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr, RELU: tl.constexpr,
+):
+    tl.static_assert(BLOCK_V % BLOCK_K == 0, "a K step of grad_h must lie in one vocabulary tile")
+    if CE_MEAN:
+        scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
+    else:
+        scale = inv_count
+    dt = gh_ptr.dtype.element_ty
+    n_v = tl.cdiv(C, BLOCK_V)
+    C_PAD = n_v * BLOCK_V
+    mt_ptr = ws_ptr
+    st_ptr = mt_ptr + pad16(chunk * n_v)
+    lse_ptr = st_ptr + pad16(chunk * n_v)
+    zt_ptr = lse_ptr + pad16(chunk)
+    part_l_ptr = zt_ptr + pad16(chunk)
+    gb_acc_ptr = part_l_ptr + pad16(n_tiles)
+    if HAS_BIAS:
+        e_ptr = (gb_acc_ptr + pad16(C)).to(tl.pointer_type(dt))
+    else:
+        e_ptr = gb_acc_ptr.to(tl.pointer_type(dt))
+
+    n_d = tl.cdiv(D, BLOCK_DC)
+    rt = chunk // BLOCK_N                   # row tiles a chunk
+    n_chunks = tl.cdiv(N, chunk)
+    n_e = n_v * rt                          # stage E_r items
+    n_gh = rt * n_d                         # stage G_r: grad_h items ...
+    n_gw = n_v * n_d                        # ... and grad_W items
+    n_stage = n_e + rt + n_gh + n_gw        # items of one chunk (E_r, S_r, G_r)
+    n_items = n_chunks * n_stage
+    gh_first = C > chunk                    # the longer K first: the stage's tail is a short item
+
+    passed = tl.full([], 0, tl.int32)  # the stage start this program has already waited for
+    item = claim(ctr_ptr + 2)
+    while item < n_items:
+        r = item // n_stage
+        q = item % n_stage
+        r0 = r * chunk                      # first row of the chunk
+        r_hi = tl.minimum(r0 + chunk, N)
+        if q < n_e:
+            # ---- stage E_r: numerators e = exp(z - row max) of one tile, the tile's row max and sum
+            passed = wait_stage(ctr_ptr + 3, passed, r * n_stage)  # (the previous chunk is done with the scratch)
+            v = q // rt
+            tr = q % rt
+            o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+            m_n = o_n < r_hi
+            if r0 + tr * BLOCK_N < r_hi:
+                o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
+                m_v = o_v < C
+                b_z = logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
+                                  HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
+                b_z = tl.where(m_v[None, :], b_z, float("-inf"))
+                b_m = tl.max(b_z, axis=1)
+                b_e = tl.exp(b_z - b_m[:, None])
+                o_c = o_n - r0
+                tl.store(e_ptr + o_c[:, None] * C_PAD + o_v[None, :], b_e.to(dt), mask=m_n[:, None])
+                tl.store(mt_ptr + v * chunk + o_c, b_m, mask=m_n)
+                tl.store(st_ptr + v * chunk + o_c, tl.sum(b_e, axis=1), mask=m_n)
+                b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+                m_t = m_n & (b_t >= v * BLOCK_V) & (b_t < v * BLOCK_V + BLOCK_V)  # one tile holds the target
+                tl.store(zt_ptr + o_c, tl.sum(tl.where(o_v[None, :] == b_t[:, None], b_z, 0.0), axis=1), mask=m_t)
+        elif q < n_e + rt:
+            # ---- stage S_r: lse of a row tile (fixed tile order), its loss partial
+            passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_e)
+            tr = q - n_e
+            o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+            m_n = o_n < r_hi
+            if r0 + tr * BLOCK_N < r_hi:
+                o_c = o_n - r0
+                b_m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+                for v in range(0, n_v):
+                    b_m = tl.maximum(b_m, tl.load(mt_ptr + v * chunk + o_c, mask=m_n, other=0.0, cache_modifier=".cg"))
+                b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
+                for v in range(0, n_v):
+                    b_mv = tl.load(mt_ptr + v * chunk + o_c, mask=m_n, other=0.0, cache_modifier=".cg")
+                    b_s += tl.load(st_ptr + v * chunk + o_c, mask=m_n, other=1.0, cache_modifier=".cg") * tl.exp(b_mv - b_m)
+                b_lse = b_m + tl.log(b_s)
+                tl.store(lse_ptr + o_c, b_lse, mask=m_n)
+                b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+                m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
+                b_zt = tl.load(zt_ptr + o_c, mask=m_row, other=0.0, cache_modifier=".cg")
+                tl.store(part_l_ptr + r * rt + tr + tl.arange(0, 1),
+                         tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+        else:
+            passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_e + rt)
+            q = q - n_e - rt
+            if r == n_chunks - 1:
+                if q == 0:  # every row tile's loss partial is in (the last stage S is done)
+                    tl.store(loss_ptr + tl.arange(0, 1),
+                             sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+            if gh_first:
+                is_gh = q < n_gh
+                q = tl.where(is_gh, q, q - n_gh)
+            else:
+                is_gh = q >= n_gw
+                q = tl.where(is_gh, q - n_gw, q)
+            if is_gh:
+                # ---- stage G_r: grad_h[row tile, D tile d] = dz W[:, d], K over the vocabulary
+                tr = q // n_d
+                d = q % n_d
+                o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+                m_n = o_n < r_hi
+                if r0 + tr * BLOCK_N < r_hi:
+                    o_dc = d * BLOCK_DC + tl.arange(0, BLOCK_DC)
+                    m_dc = o_dc < D
+                    m_nd = m_n[:, None] & m_dc[None, :]
+                    b_acc = tl.zeros([BLOCK_N, BLOCK_DC], dtype=tl.float32)
+                    for k0 in range(0, C, BLOCK_K):
+                        o_k = k0 + tl.arange(0, BLOCK_K)
+                        m_k = o_k < C
+                        b_dz = _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_n, m_n, o_k, m_k, chunk, C_PAD, k0 // BLOCK_V,
+                                        r0, ignore_index, C, scale).to(dt)
+                        b_w = tl.load(w_ptr + o_k.to(tl.int64)[:, None] * D + o_dc[None, :],
+                                      mask=m_k[:, None] & m_dc[None, :], other=0.0)
+                        b_acc += tile_dot(b_dz, b_w.to(dt), DOT_FP32, PRECISION)
+                    if RELU:
+                        b_acc = relu_out(b_acc, tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :],
+                                                        mask=m_nd, other=0.0), RELU)
+                    tl.store(gh_ptr + o_n[:, None] * D + o_dc[None, :], b_acc.to(dt), mask=m_nd)
+            else:
+                # ---- stage G_r: grad_W[vocabulary tile j, D tile d] (+)= dz^T relu(h), K over the chunk's rows
+                j = q // n_d
+                d = q % n_d
+                o_v = j * BLOCK_V + tl.arange(0, BLOCK_V)
+                m_v = o_v < C
+                o_dc = d * BLOCK_DC + tl.arange(0, BLOCK_DC)
+                m_dc = o_dc < D
+                b_acc = tl.zeros([BLOCK_V, BLOCK_DC], dtype=tl.float32)
+                b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
+                for k0 in range(r0, r_hi, BLOCK_K):
+                    o_k = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
+                    m_k = o_k < r_hi
+                    b_dz32 = _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_k, m_k, o_v, m_v, chunk, C_PAD, j, r0,
+                                      ignore_index, C, scale)
+                    b_dz = b_dz32.to(dt)
+                    b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
+                                           mask=m_k[:, None] & m_dc[None, :], other=0.0), RELU)
+                    b_acc += tile_dot(tl.trans(b_dz), b_hd.to(dt), DOT_FP32, PRECISION)
+                    if HAS_BIAS:
+                        b_gb += tl.sum(b_dz32, axis=0)
+                p_w = gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
+                m_w = m_v[:, None] & m_dc[None, :]
+                if ACCUMULATE:  # onto what .grad held, then onto the earlier chunks
+                    b_acc += tl.load(p_w, mask=m_w, other=0.0).to(tl.float32)
+                else:
+                    if r > 0:
+                        b_acc += tl.load(p_w, mask=m_w, other=0.0).to(tl.float32)
+                tl.store(p_w, b_acc.to(gw_ptr.dtype.element_ty), mask=m_w)
+                if HAS_BIAS:
+                    if d == 0:
+                        if r > 0:
+                            b_gb += tl.load(gb_acc_ptr + o_v, mask=m_v, other=0.0, cache_modifier=".cg")
+                        if r == n_chunks - 1:
+                            if ACCUMULATE:
+                                b_gb += tl.load(gb_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
+                            tl.store(gb_ptr + o_v, b_gb.to(gb_ptr.dtype.element_ty), mask=m_v)
+                        else:
+                            tl.store(gb_acc_ptr + o_v, b_gb, mask=m_v)
+        item_done(ctr_ptr + 3)
+        item = claim(ctr_ptr + 2)
+    exit_grid(ctr_ptr, n_programs, N_CTR)
