@@ -37,7 +37,8 @@ def _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_r, m_r, o_v, m_v, chunk, C_PAD, v_
     b_rs = tl.where(m_row, scale, 0.0) + b_bad
     b_f = tl.exp(tl.load(mt_ptr + v_tile * chunk + o_c, mask=m_r, other=0.0, cache_modifier=".cg")
                  - tl.load(lse_ptr + o_c, mask=m_r, other=0.0, cache_modifier=".cg")) * b_rs
-    b_e = tl.load(e_ptr + o_c[:, None] * C_PAD + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
+    b_e = tl.load(e_ptr + o_c[:, None] * C_PAD + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0,
+                  cache_modifier=".cg")  # (written by other programs: past L1)
     b_dz = b_e.to(tl.float32) * b_f[:, None] - tl.where(o_v[None, :] == b_t[:, None], b_rs[:, None], 0.0)
     return tl.where(m_row[:, None] & m_v[None, :], b_dz, 0.0)
 
@@ -207,11 +208,11 @@ def vocab_ce_row_chunks_kernel(
                         b_gb += tl.sum(b_dz32, axis=0)
                 p_w = gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
                 m_w = m_v[:, None] & m_dc[None, :]
-                if ACCUMULATE:  # onto what .grad held, then onto the earlier chunks
-                    b_acc += tl.load(p_w, mask=m_w, other=0.0).to(tl.float32)
+                if ACCUMULATE:  # onto what .grad held, then onto the earlier chunks (another program's: .cg)
+                    b_acc += tl.load(p_w, mask=m_w, other=0.0, cache_modifier=".cg").to(tl.float32)
                 else:
                     if r > 0:
-                        b_acc += tl.load(p_w, mask=m_w, other=0.0).to(tl.float32)
+                        b_acc += tl.load(p_w, mask=m_w, other=0.0, cache_modifier=".cg").to(tl.float32)
                 tl.store(p_w, b_acc.to(gw_ptr.dtype.element_ty), mask=m_w)
                 if HAS_BIAS:
                     if d == 0:
@@ -219,7 +220,7 @@ def vocab_ce_row_chunks_kernel(
                             b_gb += tl.load(gb_acc_ptr + o_v, mask=m_v, other=0.0, cache_modifier=".cg")
                         if r == n_chunks - 1:
                             if ACCUMULATE:
-                                b_gb += tl.load(gb_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
+                                b_gb += tl.load(gb_ptr + o_v, mask=m_v, other=0.0, cache_modifier=".cg").to(tl.float32)
                             tl.store(gb_ptr + o_v, b_gb.to(gb_ptr.dtype.element_ty), mask=m_v)
                         else:
                             tl.store(gb_acc_ptr + o_v, b_gb, mask=m_v)

@@ -182,7 +182,8 @@ def vocab_ce_vocab_chunks_kernel(
                         for k0 in range(0, N, BLOCK_K):
                             o_k = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
                             m_k = o_k < N
-                            b_dz = tl.load(dz_ptr + o_k[:, None] * chunk + o_j[None, :], mask=m_k[:, None], other=0.0)
+                            b_dz = tl.load(dz_ptr + o_k[:, None] * chunk + o_j[None, :], mask=m_k[:, None], other=0.0,
+                                           cache_modifier=".cg")  # (written by other programs: past L1)
                             b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
                                                    mask=m_k[:, None] & m_dc[None, :], other=0.0), RELU)
                             b_acc += tile_dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
@@ -208,7 +209,7 @@ def vocab_ce_vocab_chunks_kernel(
                         o_k = k0 + tl.arange(0, BLOCK_K)
                         m_k = o_k < c_hi - c0
                         b_dz = tl.load(dz_ptr + o_n[:, None] * chunk + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
-                                       other=0.0)
+                                       other=0.0, cache_modifier=".cg")
                         b_w = tl.load(w_ptr + (c0 + o_k).to(tl.int64)[:, None] * D + o_dc[None, :],
                                       mask=m_k[:, None] & m_dc[None, :], other=0.0)
                         b_acc += tile_dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
