@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from erase_triton import fused_local_head, reference
+from erase_triton import LaunchConfig, fused_local_head, reference
 from head_checks import DTYPES, assert_three_way
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
@@ -17,12 +17,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @st.composite
-def head_case(draw):
-    loss = draw(st.sampled_from(["bce", "mse", "ce"]))
-    C = draw(st.integers(2, 80) if loss == "ce" else st.integers(1, 8))
-    N = draw(st.integers(1, 70))
+def head_case(draw, vocab=False):
+    loss = "ce" if vocab else draw(st.sampled_from(["bce", "mse", "ce"]))
+    C = draw(st.integers(513, 1300) if vocab else st.integers(2, 80) if loss == "ce" else st.integers(1, 8))
+    N = draw(st.integers(1, 300 if vocab else 70))
     D = draw(st.integers(1, 70))
-    return dict(loss=loss, N=N, D=D, C=C, dtype=draw(st.sampled_from(list(DTYPES))),
+    cfg = {}
+    if vocab:  # every vocabulary path, chunk sizes from one tile to the whole, part of the grid
+        cfg = dict(vocab_path=draw(st.sampled_from(["recompute", "vocab_chunks", "row_chunks"])),
+                   chunk_size=draw(st.one_of(st.none(), st.integers(1, 1400))),
+                   occupancy=draw(st.sampled_from([None, 0.25, 0.5])))
+    return dict(loss=loss, N=N, D=D, C=C, config=cfg, dtype=draw(st.sampled_from(list(DTYPES))),
                 reduction=draw(st.sampled_from(["mean", "sum"])), bias=draw(st.booleans()),
                 layout=draw(st.sampled_from(["contiguous", "transposed", "strided"])),
                 ignore=draw(st.sampled_from(["none", "some", "all-but-one"])) if loss == "ce" else "none",
@@ -60,9 +65,19 @@ def _inputs(c):
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(head_case())
 def test_fused_head_matches_float64_reference(c):
+    check_case(c)
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(head_case(vocab=True))
+def test_vocabulary_paths_match_float64_reference(c):
+    check_case(c)
+
+
+def check_case(c):
     h, w, b, y = _inputs(c)
     kw = dict(loss=c["loss"], reduction=c["reduction"], ignore_index=c["ignore_index"])
-    out = fused_local_head(h, w, b, y, backend="triton", **kw)
+    out = fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(**c["config"]), **kw)
     same = reference.local_head(h, w, b, y, **kw)
     f64 = lambda t: t.double() if t is not None else None  # noqa: E731
     ref = reference.local_head(f64(h), f64(w), f64(b), y if c["loss"] == "ce" else f64(y), **kw)
