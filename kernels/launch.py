@@ -63,7 +63,7 @@ class LaunchConfig:
                     between chunks).
                     "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators go
                     through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
-                    row chunks in its own dtype (exact with one chunk).
+                    row chunks in its own dtype (one chunk: no extra rounding).
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
     chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks") a chunk, rounded up
                     to the kernel's tile. None: the host rule, a scratch of at most

@@ -18,7 +18,7 @@ from .vocab_ce import vocab_ce_kernel
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
-__all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "prepare_launch"]
+__all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "chunk_size_for", "plan_for", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
@@ -177,7 +177,7 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
                 num_warps=cfg.num_warps or 8)
 
 
-def _chunked_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
+def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
     # the chunked vocabulary kernels: every stage a [128, 128] GEMM tile with K steps of 64 (the wgmma
     # shape of a plain Triton GEMM); the interpreter takes bigger steps (fewer Python-level ops)
     if cfg.block_n is not None and cfg.block_n < 16:
@@ -246,7 +246,7 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     elif kind == "vocab":
         blk = _vocab_blocks(D, cfg, cuda)
     else:
-        blk = _chunked_blocks(D, cfg, cuda)
+        blk = _chunked_blocks(cfg, cuda)
     num_warps = blk.pop("num_warps")
     maxnreg = blk.pop("maxnreg", None)
     # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
