@@ -81,7 +81,7 @@ def vocab_ce_vocab_chunks_kernel(
     else:
         acc_h_ptr = gbp_ptr
     n_chunks = tl.cdiv(C, chunk)
-    n_acc_h = tl.where(n_chunks > 1, N * D, 0).to(tl.int64)
+    n_acc_h = tl.where(n_chunks > 1, N.to(tl.int64) * D, 0)
     dz_ptr = (acc_h_ptr + pad16(n_acc_h)).to(tl.pointer_type(gh_ptr.dtype.element_ty))
 
     n_d = tl.cdiv(D, BLOCK_DC)
