@@ -67,7 +67,8 @@ class LaunchConfig:
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
     chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks") a chunk, rounded up
                     to the kernel's tile. None: the host rule, a scratch of at most
-                    max(16 MiB, a quarter of grad_W's bytes) (`kernels.plan.chunk_size_for`).
+                    max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
+                    least enough rows to give every program a grad_h tile (`kernels.plan.chunk_size_for`).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight

@@ -191,16 +191,17 @@ _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
 
 
-def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig) -> int:
+def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,
+                   least: int = 0) -> int:
     """Columns ("vocab_chunks") or rows ("row_chunks") a chunk: cfg.chunk_size rounded up to `tile`, else
-    as many as a scratch of max(16 MiB, grad_W bytes / 4) holds, balanced over the chunks; never more
-    than the whole (padded) extent."""
+    as many as a scratch of max(16 MiB, grad_W bytes / 4) holds or `least` if more, then evened out over
+    the chunks that makes; never more than the whole (padded) extent."""
     whole, across = (C, N) if path == "vocab_chunks" else (N, _cdiv(C, tile) * tile)
     whole_pad = _cdiv(whole, tile) * tile
     if cfg.chunk_size:
         return min(_cdiv(cfg.chunk_size, tile) * tile, whole_pad)
     budget = max(_CHUNK_MIN_BYTES, C * D * w_size // 4)
-    most = max(tile, budget // (max(across, 1) * h_size) // tile * tile)
+    most = max(tile, least, budget // (max(across, 1) * h_size) // tile * tile)
     n_chunks = _cdiv(whole, most)
     return min(_cdiv(_cdiv(whole, n_chunks), tile) * tile, whole_pad)
 
@@ -425,7 +426,10 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         n_d = _cdiv(D, cx["BLOCK_DC"])
         pad = lambda x: _cdiv(x, 16) * 16  # noqa: E731  (the kernels' region padding)
         tile = bv if plan.kind == "vocab_chunks" else bn
-        chunk = chunk_size_for(plan.kind, N, C, D, h2.element_size(), weight.element_size(), tile, cfg)
+        # row_chunks: at least enough rows that the grad_h items (row tile, D tile; K: the whole
+        # vocabulary, the stage's longest) fill the grid, or a few long items end every chunk alone
+        least = 0 if plan.kind == "vocab_chunks" else _cdiv(p_occ, n_d) * bn
+        chunk = chunk_size_for(plan.kind, N, C, D, h2.element_size(), weight.element_size(), tile, cfg, least)
         if plan.kind == "vocab_chunks":
             # stage L: (row tile, vocabulary split) items, about 8 a program: the stage's tail is short
             G = max(1, min(n_v, _cdiv(_L_ITEMS_PER_PROGRAM * p_occ, n_tiles)))

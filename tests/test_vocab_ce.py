@@ -97,6 +97,9 @@ def test_chunk_size_rule():
     assert rule("vocab_chunks", 63, 1000, 50, 4, 4, 128, cfg) == 1024
     assert rule("row_chunks", 63, 1000, 50, 4, 4, 128, cfg) == 128
     assert rule("vocab_chunks", 63, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
+    # row_chunks' floor (enough grad_h tiles for the grid: 132 programs, 4 D tiles) wins over the budget
+    assert rule("row_chunks", 4096, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096
+    assert rule("row_chunks", 8192, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096  # two even chunks
     assert rule("row_chunks", 4096, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
 
 
