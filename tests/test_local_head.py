@@ -170,8 +170,9 @@ def test_mixed_dtypes_take_the_weight_in_h_dtype(loss, C, hdt, wdt, device):
         assert_three_way(getattr(out, name), getattr(same, name), getattr(ref, name), coarse, name)
 
 
-@pytest.mark.parametrize("loss,C", [("bce", 3), ("ce", 100), ("ce", 1000)])
-def test_mixed_dtypes_compile_for_the_gpu(loss, C):
+@pytest.mark.parametrize("loss,C,path", [("bce", 3, None), ("ce", 100, None), ("ce", 1000, None),
+                                         ("ce", 1000, "vocab_chunks"), ("ce", 1000, "row_chunks")])
+def test_mixed_dtypes_compile_for_the_gpu(loss, C, path):
     # what the interpreter cannot show: Triton's frontend for sm_90a (tl.dot needs one dtype there) accepts
     # every kernel with bf16 h and fp32 weights. A subprocess: compile_report compiles for the device, not
     # the interpreter, and needs no GPU (ptxas ships with triton).
@@ -181,7 +182,8 @@ def test_mixed_dtypes_compile_for_the_gpu(loss, C):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), "--loss", loss,
-                        "--C", str(C), "--D", "64", "--dtype", "bf16", "--wdtype", "fp32"],
+                        "--C", str(C), "--D", "64", "--dtype", "bf16", "--wdtype", "fp32"]
+                       + (["--vocab-path", path] if path else []),
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
 
