@@ -81,12 +81,19 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     return out
 
 
-def peak_mb(run) -> float:
-    """Peak device memory (MB) that one call of run() allocates above what was live before it."""
+def peak_mb(run, fresh_stream: bool = False) -> float:
+    """Peak device memory (MB) that one call of run() allocates above what was live before it.
+    fresh_stream: two calls on a new stream, so that the scratch a fused head keeps per stream
+    (made by its first call there) counts, as a baseline's temporaries do."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    run()
+    if fresh_stream:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            run()
+            run()
+    else:
+        run()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
