@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import statistics
 
@@ -72,8 +71,7 @@ def _group_tiles(model, heads, group_tiles=None):
     """fused with group_tiles: claimed groups of k row tiles (LaunchConfig.group_tiles)."""
     if heads == "fused" and group_tiles:
         for hd in model.heads:
-            hd.config = dataclasses.replace(hd.config, group_tiles=group_tiles)
-            hd.beside_config = dataclasses.replace(hd.beside_config, group_tiles=group_tiles)
+            hd.configure(group_tiles=group_tiles)
     return model
 
 

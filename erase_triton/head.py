@@ -21,6 +21,7 @@ kernel writes it as it reads x.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -68,7 +69,9 @@ class LocalHead(nn.Module):
     Launch settings (public, settable between steps): `config`, the `LaunchConfig` of a head
     nothing runs beside (sequential, e2e, the final head), and `beside_config`, the one of a head
     beside the next segment (erase on CUDA streams; with occupancy="auto" the size rule of
-    `launch_config` applies to it).
+    `launch_config` applies to it until it is replaced). `configure(**fields)` changes other
+    LaunchConfig fields in both and keeps the occupancy rule, e.g.
+    ``head.configure(vocab_path="row_chunks")`` for a vocabulary head.
     """
 
     _torch_loss = staticmethod(linear_head_loss)  # the PyTorch path's loss (a subclass may compile it)
@@ -100,6 +103,7 @@ class LocalHead(nn.Module):
         self.auto_occupancy = config is None and occupancy == "auto"
         self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
         self.beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
+        self._auto_beside = self.beside_config if self.auto_occupancy else None  # the object that means "auto"
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -123,9 +127,25 @@ class LocalHead(nn.Module):
         """The kernel's LaunchConfig for input h; beside: the next segment runs concurrently."""
         if not beside:
             return self.config
-        if self.beside_config is _AUTO_BESIDE and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
+        if self.beside_config is self._auto_beside and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
             return self.config  # "auto" on a large input: the whole device
         return self.beside_config
+
+    def configure(self, **fields) -> "LocalHead":
+        """Set `LaunchConfig` fields other than occupancy (e.g. ``vocab_path``, ``chunk_size``,
+        ``deterministic``, tiles) in both launch settings, keeping the occupancy rule: a head built
+        with occupancy="auto" stays "auto". Returns the head."""
+        names = {f.name for f in dataclasses.fields(LaunchConfig)} - {"occupancy"}
+        bad = sorted(set(fields) - names)
+        if bad:
+            raise ValueError(f"configure() takes LaunchConfig fields other than occupancy ({', '.join(sorted(names))}), "
+                             f"got {', '.join(bad)}")
+        auto = self.beside_config is self._auto_beside
+        self.config = dataclasses.replace(self.config, **fields)
+        self.beside_config = dataclasses.replace(self.beside_config, **fields)
+        if auto:
+            self._auto_beside = self.beside_config
+        return self
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         """The head's activation as a plain autograd op (identity without one)."""

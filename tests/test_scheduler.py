@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from erase_triton import LocalChain, LocalHead, Scheduler
+from erase_triton import LaunchConfig, LocalChain, LocalHead, Scheduler
 from erase_triton.scheduler import graphs
 from fake_cuda import fake_cuda as _fake_cuda
 from erase_triton import reference
@@ -383,6 +383,22 @@ def test_head_occupancy_auto_and_validation():
     assert auto.launch_config(big_h, beside=True).occupancy is None
     assert auto.launch_config(small_h, beside=False).occupancy is None
     assert fixed.launch_config(big_h, beside=True).occupancy == 0.5  # a chosen occupancy is kept at any size
+    # configure(): other launch fields in both settings, the occupancy rule kept ("auto" stays auto,
+    # a fixed occupancy stays fixed); a replaced beside_config is the user's (no size rule)
+    for hd in (auto, fixed):
+        assert hd.configure(vocab_path="row_chunks", deterministic=True) is hd
+        assert hd.config.vocab_path == hd.beside_config.vocab_path == "row_chunks" and hd.config.deterministic
+    assert auto.launch_config(small_h, beside=True).occupancy == DEFAULT_OCCUPANCY
+    assert auto.launch_config(big_h, beside=True) is auto.config and auto.config.vocab_path == "row_chunks"
+    assert fixed.launch_config(big_h, beside=True).occupancy == 0.5
+    with pytest.raises(ValueError, match="configure\\(\\) takes LaunchConfig fields other than occupancy"):
+        auto.configure(occupancy=0.5)
+    with pytest.raises(ValueError, match="got vocab"):
+        auto.configure(vocab="row_chunks")
+    with pytest.raises(ValueError, match="vocab_path must be one of"):
+        auto.configure(vocab_path="rows")
+    auto.beside_config = mine = LaunchConfig(0.25)
+    assert auto.launch_config(big_h, beside=True) is mine
     with pytest.raises(ValueError, match="occupancy must be a number"):
         LocalHead(8, 1, occupancy="half")
     with pytest.raises(ValueError, match="occupancy must be a number in"):

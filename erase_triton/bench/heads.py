@@ -4,7 +4,6 @@
 workload with any of them."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -105,11 +104,9 @@ def with_heads(workload, heads: str, *args, **kw):
 
 
 def set_vocab_path(model, path: str):
-    """Every LocalHead of model takes this vocabulary CE path (`LaunchConfig.vocab_path`) in both of
-    its launch settings. A head with occupancy="auto" keeps 1/8 of the SMs beside the next segment
-    but loses the whole-device rule for inputs of 2^25 elements or more (`LocalHead.launch_config`)."""
+    """Every LocalHead of model takes this vocabulary CE path (`LaunchConfig.vocab_path`;
+    `LocalHead.configure`, so an "auto" occupancy stays auto)."""
     for m in model.modules():
         if isinstance(m, LocalHead):
-            m.config = dataclasses.replace(m.config, vocab_path=path)
-            m.beside_config = dataclasses.replace(m.beside_config, vocab_path=path)
+            m.configure(vocab_path=path)
     return model
