@@ -200,3 +200,23 @@ def wait_stage(done_ptr, passed, start):
     if passed < start:
         wait_all(done_ptr, start)
     return tl.maximum(passed, start)
+
+
+@triton.jit
+def combine_lse(m_ptr, s_ptr, stride, n_parts, o_r, m_r, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    # Log-sum-exp of rows o_r from n_parts partial (max, sum of exp(z - max)) pairs, part p of row i
+    # at p * stride + i: BLOCK_P parts a 2D load (one round trip, not one a part), combined online in
+    # a fixed order. Masked rows get 0.
+    b_m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    b_s = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        o_p = p0 + tl.arange(0, BLOCK_P)
+        msk = (o_p < n_parts)[:, None] & m_r[None, :]
+        off = o_p.to(tl.int64)[:, None] * stride + o_r[None, :]
+        b_pm = tl.load(m_ptr + off, mask=msk, other=float("-inf"), cache_modifier=".cg")
+        b_ps = tl.load(s_ptr + off, mask=msk, other=0.0, cache_modifier=".cg")
+        b_new = tl.maximum(b_m, tl.max(b_pm, axis=0))
+        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)  # (a row with nothing yet: no inf - inf)
+        b_s = b_s * tl.exp(b_m - b_ref) + tl.sum(b_ps * tl.exp(b_pm - b_ref[None, :]), axis=0)
+        b_m = b_new
+    return tl.where(m_r & (b_s > 0), b_m + tl.log(tl.where(b_s > 0, b_s, 1.0)), 0.0)

@@ -184,7 +184,7 @@ def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
         raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
     bv = cfg.block_v or 128
     return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=bv, BLOCK_K=min(64 if cuda else 128, bv),
-                BLOCK_DC=cfg.block_d or 128, num_warps=cfg.num_warps or 8)
+                BLOCK_DC=cfg.block_d or 128, BLOCK_P=32, num_warps=cfg.num_warps or 8)
 
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
@@ -437,7 +437,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             G = _cdiv(n_v, tpg)
             n_chunks = _cdiv(C, chunk)
             P = min(p_occ, max(n_tiles * G, n_tiles * (chunk // bv) + (chunk // bv) * n_d + n_tiles * n_d))
-            n_buf = (2 * pad(G * N) + pad(N) + pad(n_tiles) + (pad(n_tiles * chunk) if has_bias else 0)
+            n_buf = (2 * pad(G * N) + 2 * pad(N) + pad(n_tiles) + (pad(n_tiles * chunk) if has_bias else 0)
                      + (pad(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
         else:
             G = tpg = 1

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, sum_vec, relu_in, relu_out,
-                     logits_tile, pad16)
+                     logits_tile, pad16, combine_lse)
 
 
 @triton.jit
@@ -67,7 +67,7 @@ def vocab_ce_row_chunks_kernel(
     n_programs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_P: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr, RELU: tl.constexpr,
 ):
     tl.static_assert(BLOCK_V % BLOCK_K == 0, "a K step of grad_h must lie in one vocabulary tile")
     if CE_MEAN:
@@ -135,14 +135,7 @@ def vocab_ce_row_chunks_kernel(
             m_n = o_n < r_hi
             if r0 + tr * BLOCK_N < r_hi:
                 o_c = o_n - r0
-                b_m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
-                for v in range(0, n_v):
-                    b_m = tl.maximum(b_m, tl.load(mt_ptr + v * chunk + o_c, mask=m_n, other=0.0, cache_modifier=".cg"))
-                b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
-                for v in range(0, n_v):
-                    b_mv = tl.load(mt_ptr + v * chunk + o_c, mask=m_n, other=0.0, cache_modifier=".cg")
-                    b_s += tl.load(st_ptr + v * chunk + o_c, mask=m_n, other=1.0, cache_modifier=".cg") * tl.exp(b_mv - b_m)
-                b_lse = b_m + tl.log(b_s)
+                b_lse = combine_lse(mt_ptr, st_ptr, chunk, n_v, o_c, m_n, BLOCK_N, BLOCK_P)
                 tl.store(lse_ptr + o_c, b_lse, mask=m_n)
                 b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
                 m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)

@@ -6,6 +6,7 @@ of 2·N·D·C flops). This one does four, each a plain tiled GEMM, in a bounded 
 row-chunked kernel, vocab_ce_row_chunks.py, does three in a scratch of whole rows):
 
   L   (row tile, vocabulary split) -> running max and sum of exp over the split: z = h W^T
+  M   (row tile)                       -> each row's lse from its splits (fixed order); the loss
   then, for each chunk of vocabulary columns (host-sized: a dz scratch of 16 MiB to a quarter of grad_W):
   D_c (row tile, vocabulary tile)  -> z again; dz = scale * (softmax(z) - onehot(t)) into a
                                       [N, chunk] scratch in h's dtype; grad_b partials per row tile
@@ -23,20 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in, relu_out, logits_tile, pad16
-
-
-@triton.jit
-def _row_lse(m_ptr, s_ptr, o_n, m_n, N, n_splits):
-    # log-sum-exp of rows o_n from the per-split running maxima and sums (fixed split order)
-    b_m = tl.load(m_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-    for s in range(1, n_splits):
-        b_m = tl.maximum(b_m, tl.load(m_ptr + s * N + o_n, mask=m_n, other=0.0, cache_modifier=".cg"))
-    b_s = tl.zeros_like(b_m)
-    for s in range(0, n_splits):
-        b_ms = tl.load(m_ptr + s * N + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-        b_s += tl.load(s_ptr + s * N + o_n, mask=m_n, other=1.0, cache_modifier=".cg") * tl.exp(b_ms - b_m)
-    return b_m + tl.log(b_s)
+from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in,
+                     relu_out, logits_tile, pad16, combine_lse)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -50,7 +39,7 @@ def vocab_ce_vocab_chunks_kernel(
     gw_ptr,       # [C, D] out: grad_W, weight's dtype
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
-    ws_ptr,       # fp32 workspace: max [S, N] | sum [S, N] | z_t [N] | loss per row tile [n_tiles]
+    ws_ptr,       # fp32 workspace: max [S, N] | sum [S, N] | z_t [N] | lse [N] | loss per row tile [n_tiles]
                   #   | grad_b per row tile [n_tiles, chunk] (HAS_BIAS) | grad_h [N, D] (several chunks)
                   #   | dz [N, chunk] in h's dtype   (each region padded to 16 floats)
     acc_ptr,      # unused (the dense kernel's ATOMIC accumulator)
@@ -64,7 +53,7 @@ def vocab_ce_vocab_chunks_kernel(
     n_programs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CE_MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_P: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, N_CTR: tl.constexpr, RELU: tl.constexpr,
 ):
     if CE_MEAN:
         scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
@@ -74,7 +63,8 @@ def vocab_ce_vocab_chunks_kernel(
     m_ptr = ws_ptr
     s_ptr = m_ptr + pad16(S * N)
     zt_ptr = s_ptr + pad16(S * N)
-    part_l_ptr = zt_ptr + pad16(N)
+    lse_ptr = zt_ptr + pad16(N)
+    part_l_ptr = lse_ptr + pad16(N)
     gbp_ptr = part_l_ptr + pad16(n_tiles)
     if HAS_BIAS:
         acc_h_ptr = gbp_ptr + pad16(n_tiles.to(tl.int64) * chunk)
@@ -91,7 +81,8 @@ def vocab_ce_vocab_chunks_kernel(
     n_gw = n_vc * n_d                       # stage G_c: grad_W items (K: N rows) ...
     n_gh = n_tiles * n_d                    # ... and grad_h items (K: the chunk's columns)
     n_stage = n_dz + n_gw + n_gh            # items of one chunk (D_c then G_c)
-    n_items = n_l + n_chunks * n_stage
+    n_lm = n_l + n_tiles                    # stages L and M
+    n_items = n_lm + n_chunks * n_stage
     gh_first = chunk > N                    # the longer K first
 
     passed = tl.full([], 0, tl.int32)  # the stage start this program has already waited for
@@ -123,15 +114,28 @@ def vocab_ce_vocab_chunks_kernel(
             tl.store(s_ptr + s * N + o_n, b_s, mask=m_n)
             # one split holds each row's target: it alone writes z_t
             tl.store(zt_ptr + o_n, b_zt, mask=m_n & (b_t >= v_lo) & (b_t < v_hi))
+        elif item < n_lm:
+            # ---- stage M: lse of a row tile from its splits, the tile's loss partial
+            passed = wait_stage(ctr_ptr + 3, passed, n_l)
+            t = item - n_l
+            o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
+            m_n = o_n < N
+            b_lse = combine_lse(m_ptr, s_ptr, N, S, o_n, m_n, BLOCK_N, BLOCK_P)
+            tl.store(lse_ptr + o_n, b_lse, mask=m_n)
+            b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+            m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
+            b_zt = tl.load(zt_ptr + o_n, mask=m_row, other=0.0, cache_modifier=".cg")
+            tl.store(part_l_ptr + t + tl.arange(0, 1),
+                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
         else:
-            r = item - n_l
+            r = item - n_lm
             c = r // n_stage
             q = r % n_stage
-            passed = wait_stage(ctr_ptr + 3, passed, n_l + c * n_stage + tl.where(q < n_dz, 0, n_dz))
+            passed = wait_stage(ctr_ptr + 3, passed, n_lm + c * n_stage + tl.where(q < n_dz, 0, n_dz))
             c0 = c * chunk                   # first vocabulary column of the chunk
             c_hi = tl.minimum(c0 + chunk, C)
             if q < n_dz:
-                # ---- stage D_c: dz of one [BLOCK_N, BLOCK_V] tile, grad_b partial, the loss partial
+                # ---- stage D_c: dz of one [BLOCK_N, BLOCK_V] tile, its grad_b partial
                 j = q // n_tiles
                 t = q % n_tiles
                 if j * BLOCK_V < c_hi - c0:  # (the last chunk may have fewer tiles)
@@ -139,7 +143,7 @@ def vocab_ce_vocab_chunks_kernel(
                     m_n = o_n < N
                     b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
                     m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
-                    b_lse = _row_lse(m_ptr, s_ptr, o_n, m_n, N, S)
+                    b_lse = tl.load(lse_ptr + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
                     o_j = j * BLOCK_V + tl.arange(0, BLOCK_V)   # column within the chunk
                     o_v = c0 + o_j
                     m_v = o_v < c_hi
@@ -151,15 +155,10 @@ def vocab_ce_vocab_chunks_kernel(
                              mask=m_n[:, None])
                     if HAS_BIAS:
                         tl.store(gbp_ptr + t.to(tl.int64) * chunk + o_j, tl.sum(b_dz, axis=0), mask=m_v)
-                    if c == 0:
-                        if j == 0:
-                            b_zt = tl.load(zt_ptr + o_n, mask=m_row, other=0.0, cache_modifier=".cg")
-                            tl.store(part_l_ptr + t + tl.arange(0, 1),
-                                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
             else:
                 q = q - n_dz
                 if c == 0:
-                    if q == 0:  # every row tile's loss partial is in (stage D_0 is done)
+                    if q == 0:  # every row tile's loss partial is in (stage M is done)
                         tl.store(loss_ptr + tl.arange(0, 1),
                                  sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
                 if gh_first:

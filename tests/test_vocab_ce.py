@@ -4,8 +4,11 @@ the chunks, against the float64 reference."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import erase_triton.kernels.plan as klh
+from erase_triton.kernels.common import combine_lse
 from erase_triton import LaunchConfig, fused_local_head
 from head_checks import DTYPES, check, make, poison  # noqa: F401  (poison: the autouse fixture)
 
@@ -128,3 +131,25 @@ def test_chunked_vocab_stays_inside_its_workspace(path, chunk, monkeypatch, devi
     h, w, b, y = make("ce", 300, 40, 1000, torch.bfloat16, True, device)
     fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(vocab_path=path, chunk_size=chunk))
     assert len(guard) == 1 and (guard[0] == 12345.0).all()
+
+
+@triton.jit
+def _combine_lse_kernel(m_ptr, s_ptr, out_ptr, stride, n_parts, n_rows, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    o_r = tl.arange(0, BLOCK_R)
+    m_r = o_r < n_rows
+    tl.store(out_ptr + o_r, combine_lse(m_ptr, s_ptr, stride, n_parts, o_r, m_r, BLOCK_R, BLOCK_P), mask=m_r)
+
+
+@pytest.mark.parametrize("n_parts", [1, 4, 10])
+def test_combine_lse_over_several_loads(n_parts, device):
+    # kernels/common.combine_lse (both chunked kernels' lse): parts in loads of BLOCK_P = 4, combined online,
+    # including empty parts (max -inf, sum 0: a vocabulary split past C) and large maxima
+    g = torch.Generator().manual_seed(n_parts)
+    m = torch.randn(n_parts, 24, generator=g) * 30
+    s = torch.rand(n_parts, 24, generator=g) * 5 + 1
+    if n_parts > 1:
+        m[-1, :], s[-1, :] = float("-inf"), 0.0
+    out = torch.empty(20, device=device)
+    _combine_lse_kernel[(1,)](m.to(device), s.to(device), out, 24, n_parts, 20, BLOCK_R=32, BLOCK_P=4)
+    ref = torch.logsumexp(m.double() + s.double().log(), dim=0)[:20]
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-6, atol=1e-5)
