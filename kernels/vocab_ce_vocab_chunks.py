@@ -191,8 +191,11 @@ def vocab_ce_vocab_chunks_kernel(
                         if HAS_BIAS:
                             if d == 0:
                                 b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
-                                for tt in range(0, n_tiles):
-                                    b_gb += tl.load(gbp_ptr + tt * chunk + o_j, mask=m_v, other=0.0, cache_modifier=".cg")
+                                for t0 in range(0, n_tiles, BLOCK_P):  # BLOCK_P row tiles' partials a load
+                                    o_t = t0 + tl.arange(0, BLOCK_P)
+                                    b_gb += tl.sum(tl.load(gbp_ptr + o_t[:, None] * chunk + o_j[None, :],
+                                                           mask=(o_t < n_tiles)[:, None] & m_v[None, :], other=0.0,
+                                                           cache_modifier=".cg"), axis=0)
                                 store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
                 else:
                     # ---- stage G_c: grad_h[row tile t, D tile d] += dz[t, chunk] W[chunk, d]

@@ -74,6 +74,14 @@ def test_chunked_vocab_matches_reference(path, N, D, C, dt, bias, occupancy, chu
     assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
+@pytest.mark.parametrize("path,chunk", [("vocab_chunks", 256), ("row_chunks", 64)])
+def test_chunked_vocab_with_many_row_tiles(path, chunk, device):
+    # 16-row tiles: 38 row tiles, more than one load of grad_b partials (vocab_chunks) and several
+    # row tiles a chunk (row_chunks)
+    check("ce", 600, 20, 600, torch.float32, True, None, device,
+          config=LaunchConfig(block_n=16, vocab_path=path, chunk_size=chunk))
+
+
 @pytest.mark.parametrize("path,chunk", [("vocab_chunks", 256), ("row_chunks", 128)])
 def test_chunked_vocab_is_bitwise_reproducible_and_close_to_the_recompute_path(path, chunk, device):
     h, w, b, y = make("ce", 300, 40, 1000, torch.float32, True, device)
