@@ -28,15 +28,21 @@ from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_
 
 
 @triton.jit
-def _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_r, m_r, o_v, m_v, chunk, C_PAD, v_tile, r0, ignore_index, C, scale):
-    # fp32 dz of rows o_r (global ids; chunk rows o_r - r0) and columns o_v (all in vocabulary tile
-    # v_tile) from the stored numerators; zero in rows that do not count, NaN in rows with a bad id
-    o_c = o_r - r0
+def _row_terms(y_ptr, lse_ptr, o_r, m_r, r0, ignore_index, C, scale):
+    # per row of a dz tile (rows o_r, global ids; chunk rows o_r - r0): the target, whether the row
+    # counts, its gradient scale (NaN for a bad id) and its lse
     b_t = tl.load(y_ptr + o_r, mask=m_r, other=ignore_index)
     m_row, b_bad = ce_rows(b_t, m_r, ignore_index, C)
-    b_rs = tl.where(m_row, scale, 0.0) + b_bad
-    b_f = tl.exp(tl.load(mt_ptr + v_tile * chunk + o_c, mask=m_r, other=0.0, cache_modifier=".cg")
-                 - tl.load(lse_ptr + o_c, mask=m_r, other=0.0, cache_modifier=".cg")) * b_rs
+    b_lse = tl.load(lse_ptr + (o_r - r0), mask=m_r, other=0.0, cache_modifier=".cg")
+    return b_t, m_row, tl.where(m_row, scale, 0.0) + b_bad, b_lse
+
+
+@triton.jit
+def _dz_tile(e_ptr, mt_ptr, o_r, m_r, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, v_tile, r0):
+    # fp32 dz of rows o_r and columns o_v (all in vocabulary tile v_tile) from the stored numerators:
+    # rs * (e * exp(tile max - lse) - onehot); zero where the row does not count
+    o_c = o_r - r0
+    b_f = tl.exp(tl.load(mt_ptr + v_tile * chunk + o_c, mask=m_r, other=0.0, cache_modifier=".cg") - b_lse) * b_rs
     b_e = tl.load(e_ptr + o_c[:, None] * C_PAD + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0,
                   cache_modifier=".cg")  # (written by other programs: past L1)
     b_dz = b_e.to(tl.float32) * b_f[:, None] - tl.where(o_v[None, :] == b_t[:, None], b_rs[:, None], 0.0)
@@ -166,11 +172,12 @@ def vocab_ce_row_chunks_kernel(
                     m_dc = o_dc < D
                     m_nd = m_n[:, None] & m_dc[None, :]
                     b_acc = tl.zeros([BLOCK_N, BLOCK_DC], dtype=tl.float32)
+                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C, scale)
                     for k0 in range(0, C, BLOCK_K):
                         o_k = k0 + tl.arange(0, BLOCK_K)
                         m_k = o_k < C
-                        b_dz = _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_n, m_n, o_k, m_k, chunk, C_PAD, k0 // BLOCK_V,
-                                        r0, ignore_index, C, scale).to(dt)
+                        b_dz = _dz_tile(e_ptr, mt_ptr, o_n, m_n, o_k, m_k, b_t, m_row, b_rs, b_lse, chunk, C_PAD,
+                                        k0 // BLOCK_V, r0).to(dt)
                         b_w = tl.load(w_ptr + o_k.to(tl.int64)[:, None] * D + o_dc[None, :],
                                       mask=m_k[:, None] & m_dc[None, :], other=0.0)
                         b_acc += tile_dot(b_dz, b_w.to(dt), DOT_FP32, PRECISION)
@@ -191,8 +198,8 @@ def vocab_ce_row_chunks_kernel(
                 for k0 in range(r0, r_hi, BLOCK_K):
                     o_k = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
                     m_k = o_k < r_hi
-                    b_dz32 = _dz_rows(e_ptr, mt_ptr, lse_ptr, y_ptr, o_k, m_k, o_v, m_v, chunk, C_PAD, j, r0,
-                                      ignore_index, C, scale)
+                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_k, m_k, r0, ignore_index, C, scale)
+                    b_dz32 = _dz_tile(e_ptr, mt_ptr, o_k, m_k, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, j, r0)
                     b_dz = b_dz32.to(dt)
                     b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
                                            mask=m_k[:, None] & m_dc[None, :], other=0.0), RELU)
