@@ -214,7 +214,7 @@ def main():
             print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         del h, w, b, y
         torch.cuda.empty_cache()
-    write_csv(args.out, rows, meta)
+        write_csv(args.out, rows, meta)  # after every shape: a run cut short keeps what it measured
     print_table([r for r in rows if "us" in r and " " not in r["variant"]],
                 ["loss", "N", "D", "C", "dtype", "variant", "us", "floor_us", "pct_of_floor", "tflops", "peak_mb", "launches",
                  "host_us"])
