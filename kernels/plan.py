@@ -136,11 +136,15 @@ def _dense_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, deterministic: 
 _SMALL_MIN_RB = 4  # row blocks per phase-B item of the small CE kernel, at least
 
 
+def _check_dot_rows(cfg: LaunchConfig, kernel: str) -> None:
+    if cfg.block_n is not None and cfg.block_n < 16:
+        raise ValueError(f"block_n must be >= 16 for {kernel} (tl.dot tiles), got {cfg.block_n}")
+
+
 def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) -> dict:
     dp = max(next_pow2(D), 16)
     block_c = max(16, next_pow2(C))
-    if cfg.block_n is not None and cfg.block_n < 16:
-        raise ValueError(f"block_n must be >= 16 for the small-vocabulary CE kernel (tl.dot tiles), got {cfg.block_n}")
+    _check_dot_rows(cfg, "the small-vocabulary CE kernel")
     if cuda:
         # phase A: 64-row tiles, chunks of 64 (fp32: 32, to fit shared memory), 3 stages; phase B:
         # [128, 128] grad_W tiles over 64-row steps (docs/tuning.md#small-vocabulary-ce-tiles)
@@ -164,8 +168,7 @@ def _small_ce_blocks(D: int, C: int, cfg: LaunchConfig, cuda: bool, esize: int) 
 
 def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
     dp = max(next_pow2(D), 16)
-    if cfg.block_n is not None and cfg.block_n < 16:
-        raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
+    _check_dot_rows(cfg, "the vocabulary kernel")
     if cuda:
         bn, bv, bdc, bk = cfg.block_n or 64, cfg.block_v or 128, cfg.block_d or min(dp, 256), min(dp, 64)
     else:  # interpreter: fewer, bigger tiles
@@ -180,8 +183,7 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
 def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
     # the chunked vocabulary kernels: every stage a [128, 128] GEMM tile with K steps of 64 (the wgmma
     # shape of a plain Triton GEMM); the interpreter takes bigger steps (fewer Python-level ops)
-    if cfg.block_n is not None and cfg.block_n < 16:
-        raise ValueError(f"block_n must be >= 16 for the vocabulary kernel (tl.dot tiles), got {cfg.block_n}")
+    _check_dot_rows(cfg, "the vocabulary kernel")
     bv = cfg.block_v or 128
     return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=bv, BLOCK_K=min(64 if cuda else 128, bv),
                 BLOCK_DC=cfg.block_d or 128, BLOCK_P=32, num_warps=cfg.num_warps or 8)
@@ -228,6 +230,11 @@ _PLANS: dict = {}
 def _cdiv(a: int, b: int) -> int:
     # not triton.cdiv: a @jit function, slow to call from the host (docs/tuning.md#host-path)
     return -(-a // b)
+
+
+def _pad16(n: int) -> int:
+    # a workspace region rounded up to 16 floats (the kernels' `common.pad16`)
+    return _cdiv(n, 16) * 16
 
 
 def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, dot_fp32, precision,
@@ -380,7 +387,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     gb_arg = grad_bias if has_bias else grad_weight
     bn = cx["BLOCK_N"]
     n_tiles = _cdiv(N, bn)
-    stride_g = _cdiv(C * D + C + 1, 16) * 16
+    stride_g = _pad16(C * D + C + 1)
 
     def args(P, G, tpg, inv_count):
         # warm-up arguments: dtypes stand for library-allocated (aligned) outputs and scratch
@@ -417,14 +424,13 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         G = _cdiv(n_rb, tpg)
         P = min(p_occ, max(n_tiles, n_out * G))
         dz_floats = _cdiv(N * cx["BLOCK_C"] * h2.element_size(), 4)
-        n_buf = _cdiv(n_tiles, 16) * 16 + (G * stride_g if G > 1 else 0) + dz_floats
+        n_buf = _pad16(n_tiles) + (G * stride_g if G > 1 else 0) + dz_floats
         n_acc = 0
     elif plan.kind in ("vocab_chunks", "row_chunks"):
         inv_count = 1.0
         bv = cx["BLOCK_V"]
         n_v = _cdiv(C, bv)
         n_d = _cdiv(D, cx["BLOCK_DC"])
-        pad = lambda x: _cdiv(x, 16) * 16  # noqa: E731  (the kernels' region padding)
         tile = bv if plan.kind == "vocab_chunks" else bn
         # row_chunks: at least enough rows that the grad_h items (row tile, D tile; K: the whole
         # vocabulary, the stage's longest) fill the grid, or a few long items end every chunk alone
@@ -437,13 +443,13 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             G = _cdiv(n_v, tpg)
             n_chunks = _cdiv(C, chunk)
             P = min(p_occ, max(n_tiles * G, n_tiles * (chunk // bv) + (chunk // bv) * n_d + n_tiles * n_d))
-            n_buf = (2 * pad(G * N) + 2 * pad(N) + pad(n_tiles) + (pad(n_tiles * chunk) if has_bias else 0)
-                     + (pad(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
+            n_buf = (2 * _pad16(G * N) + 2 * _pad16(N) + _pad16(n_tiles) + (_pad16(n_tiles * chunk) if has_bias else 0)
+                     + (_pad16(N * D) if n_chunks > 1 else 0) + _cdiv(N * chunk * h2.element_size(), 4))
         else:
             G = tpg = 1
             rt = chunk // bn
             P = min(p_occ, max(n_v * rt, rt * n_d + n_v * n_d))
-            n_buf = (2 * pad(chunk * n_v) + 2 * pad(chunk) + pad(n_tiles) + (pad(C) if has_bias else 0)
+            n_buf = (2 * _pad16(chunk * n_v) + 2 * _pad16(chunk) + _pad16(n_tiles) + (_pad16(C) if has_bias else 0)
                      + _cdiv(chunk * n_v * bv * h2.element_size(), 4))
         n_acc = 0
         stride_g = chunk  # the kernels' chunk argument

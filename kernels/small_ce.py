@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, sum_group_rows, relu_in, relu_out
+from .common import (claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, sum_group_rows,
+                     relu_in, relu_out, pad16)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -50,7 +51,7 @@ def small_ce_kernel(
     else:
         scale = inv_count
     part_l_ptr = ws_ptr
-    part_ptr = ws_ptr + tl.cdiv(n_tiles, 16) * 16
+    part_ptr = ws_ptr + pad16(n_tiles)
     n_gr = tl.where(n_groups > 1, n_groups, 0)
     dz_ptr = (part_ptr + n_gr.to(tl.int64) * stride_g).to(tl.pointer_type(gh_ptr.dtype.element_ty))
     o_c = tl.arange(0, BLOCK_C)
