@@ -182,13 +182,14 @@ def main():
             variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
             variants.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
         variants.append(("ours", ours_fn(loss, h, w, b, y)))
+        ms_call = N * D * C <= 1e11  # a call takes milliseconds (above: up to a second on the recompute path)
         if args.vocab and C > 512:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
             for path, sizes in CHUNK_SIZES.items():
                 variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
                 for size in sizes:
                     variants.append((f"ours-{path} chunk_size={size}",
                                      ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
-            for path in ("recompute", *CHUNK_SIZES) if N * D * C <= 1e11 else ():  # (1/8 of the SMs: seconds a call above)
+            for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
                 variants.append((f"ours-{path} occupancy=0.125",
                                  ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
         tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 and not args.vocab else []
@@ -205,7 +206,7 @@ def main():
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
                            gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn, fresh_stream=True))
                 # launches and host time (2050 back-to-back calls): only where a call takes milliseconds
-                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and N * D * C <= 1e11:
+                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)
             except Exception as ex:  # a baseline failing must not lose the other rows
