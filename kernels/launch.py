@@ -38,7 +38,7 @@ class LaunchConfig:
                     as the kernel's registers and shared memory allow). With 1 or 2, a head
                     beside another stream's GEMMs leaves room for a GEMM CTA on each SM it
                     uses, instead of filling whole SMs (spread it with a larger occupancy).
-                    H200, MLP proxy's side heads: no faster than the default (sched_s10b).
+                    No faster than the default on the H200 (docs/tuning.md#side-head-occupancy).
     max_registers:  ptxas' cap on registers per thread (the `maxnreg` compile option; CUDA only);
                     None: the kernel's default rule. Fewer registers fit more programs on an SM.
     two_pass:       (dense kernel, C = 1, atomic mode) each program reads its row tiles twice:
