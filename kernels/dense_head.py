@@ -14,6 +14,18 @@ import triton.language as tl
 from .common import claim, item_done, wait_all, last_out, reset_counters, exit_grid, count_targets, ce_rows, tile_dot, reduce_rows, relu_in, relu_out
 
 
+@triton.jit
+def bce_or_mse(b_z, b_y, scale, LOSS: tl.constexpr):
+    # elementwise loss and dz = scale * dLoss/dz: sigmoid BCE in its stable form (LOSS 0), squared error (2)
+    if LOSS == 0:
+        b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
+        b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
+    else:
+        b_l = (b_z - b_y) * (b_z - b_y)
+        b_dz = 2.0 * (b_z - b_y) * scale
+    return b_l, b_dz
+
+
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
 def dense_head_kernel(
     h_ptr,        # [N, D] input rows (unit stride along D), fp32/bf16/fp16
@@ -81,12 +93,7 @@ def dense_head_kernel(
             if HAS_BIAS:
                 b_z += tl.load(b_ptr).to(tl.float32)
             b_y = tl.load(y_ptr + o_n, mask=m_n, other=0.0).to(tl.float32)
-            if LOSS == 0:  # sigmoid binary cross-entropy, stable form
-                b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
-                b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
-            else:  # squared error
-                b_l = (b_z - b_y) * (b_z - b_y)
-                b_dz = 2.0 * (b_z - b_y) * scale
+            b_l, b_dz = bce_or_mse(b_z, b_y, scale, LOSS)
             b_loss += tl.where(m_n, b_l, 0.0)
             b_dz = tl.where(m_n, b_dz, 0.0)
             b_gb += tl.sum(b_dz, axis=0)
@@ -163,12 +170,7 @@ def dense_head_kernel(
                     b_dz = (b_e / b_s[:, None] - b_hot.to(tl.float32)) * (tl.where(m_row, scale, 0.0) + b_bad)[:, None]
                 else:
                     b_y = tl.load(y_ptr + o_n[:, None] * C + o_c[None, :], mask=m_nc, other=0.0).to(tl.float32)
-                    if LOSS == 0:  # sigmoid binary cross-entropy, stable form
-                        b_l = tl.maximum(b_z, 0.0) - b_z * b_y + tl.log(1.0 + tl.exp(-tl.abs(b_z)))
-                        b_dz = (1.0 / (1.0 + tl.exp(-b_z)) - b_y) * scale
-                    else:  # squared error
-                        b_l = (b_z - b_y) * (b_z - b_y)
-                        b_dz = 2.0 * (b_z - b_y) * scale
+                    b_l, b_dz = bce_or_mse(b_z, b_y, scale, LOSS)
                     b_loss += tl.sum(tl.where(m_nc, b_l, 0.0), axis=1)
                     b_dz = tl.where(m_nc, b_dz, 0.0)
                 b_gb += tl.sum(b_dz, axis=0)
