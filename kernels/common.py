@@ -109,6 +109,12 @@ def store_grad(p_out, val, mask, ACCUMULATE: tl.constexpr):
 
 
 @triton.jit
+def store_scalar(ptr, x):
+    # one fp32 value to ptr[0], stored as a 1-element vector
+    tl.store(ptr + tl.arange(0, 1), x + tl.zeros([1], dtype=tl.float32))
+
+
+@triton.jit
 def sum_vec(ptr, n, BLOCK: tl.constexpr):
     # Fixed-order sum of n fp32 values written by other programs (vector loads, not a scalar chain).
     b_acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -220,3 +226,17 @@ def combine_lse(m_ptr, s_ptr, stride, n_parts, o_r, m_r, BLOCK_R: tl.constexpr, 
         b_s = b_s * tl.exp(b_m - b_ref) + tl.sum(b_ps * tl.exp(b_pm - b_ref[None, :]), axis=0)
         b_m = b_new
     return tl.where(m_r & (b_s > 0), b_m + tl.log(tl.where(b_s > 0, b_s, 1.0)), 0.0)
+
+
+@triton.jit
+def lse_and_loss(m_ptr, s_ptr, stride, n_parts, lse_ptr, zt_ptr, part_ptr, y_ptr, o_n, o_s, m_n, ignore_index, C,
+                 BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    # A row tile of the chunked vocabulary kernels: each row's lse from its partial (max, sum) pairs
+    # (stored), and the tile's loss partial sum(lse - z_t) (NaN for a bad id) to part_ptr[0].
+    # o_n: the rows (for their targets); o_s: the same rows' index in the scratch.
+    b_lse = combine_lse(m_ptr, s_ptr, stride, n_parts, o_s, m_n, BLOCK_R, BLOCK_P)
+    tl.store(lse_ptr + o_s, b_lse, mask=m_n)
+    b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
+    m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
+    b_zt = tl.load(zt_ptr + o_s, mask=m_row, other=0.0, cache_modifier=".cg")
+    store_scalar(part_ptr, tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0))

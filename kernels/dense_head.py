@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import claim, item_done, wait_all, last_out, reset_counters, exit_grid, count_targets, ce_rows, tile_dot, reduce_rows, relu_in, relu_out
+from .common import (claim, item_done, wait_all, last_out, reset_counters, exit_grid, count_targets, ce_rows, tile_dot,
+                     reduce_rows, relu_in, relu_out, store_scalar)
 
 
 @triton.jit
@@ -209,7 +210,7 @@ def dense_head_kernel(
                 if SINGLE_CHUNK:
                     tl.store(p_row + o_c[:, None] * D + o_d1[None, :], b_gw1, mask=m_cd1)
                 tl.store(p_row + CD + o_c, b_gb, mask=m_c)
-                tl.store(p_row + CD + C + tl.arange(0, 1), tl.sum(b_loss, axis=0) + tl.zeros([1], dtype=tl.float32))
+                store_scalar(p_row + CD + C, tl.sum(b_loss, axis=0))
                 item_done(ctr_ptr + 3)
             if STRIDED:
                 g = n_groups

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, sum_group_rows,
-                     relu_in, relu_out, pad16)
+                     relu_in, relu_out, pad16, store_scalar)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -87,8 +87,7 @@ def small_ce_kernel(
         b_max = tl.max(b_z, axis=1)
         b_z = tl.exp(b_z - b_max[:, None])
         b_s = tl.sum(b_z, axis=1)
-        tl.store(part_l_ptr + t + tl.arange(0, 1),
-                 tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+        store_scalar(part_l_ptr + t, tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0) + b_bad, axis=0))
         b_r = tl.where(m_row, scale, 0.0) + b_bad
         b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(o_c[None, :] == b_t[:, None], b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
         # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
@@ -121,7 +120,7 @@ def small_ce_kernel(
         while item < n_b:
             item_next = claim(ctr_ptr + 4)
             if item == 0:
-                tl.store(loss_ptr + tl.arange(0, 1), sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+                store_scalar(loss_ptr, sum_vec(part_l_ptr, n_tiles, 1024) * scale)
             g = item % n_groups
             tile = item // n_groups
             dw = tile % n_dw

@@ -10,7 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, sum_group_rows, relu_in, relu_out, logits_tile
+from .common import (claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec,
+                     sum_group_rows, relu_in, relu_out, logits_tile, store_scalar)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -84,8 +85,7 @@ def vocab_ce_kernel(
         tl.store(gh_ptr + o_n[:, None] * D + o_dc[None, :], b_gh.to(gh_ptr.dtype.element_ty), mask=m_n[:, None] & m_dc[None, :])
         if dc == 0:
             tl.store(lse_ptr + o_n, b_lse, mask=m_n)
-            tl.store(part_l_ptr + t + tl.arange(0, 1),
-                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+            store_scalar(part_l_ptr + t, tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0))
         item_done(ctr_ptr + 3)
         item = claim(ctr_ptr + 2)
     wait_all(ctr_ptr + 3, n_a)
@@ -95,7 +95,7 @@ def vocab_ce_kernel(
     item = claim(ctr_ptr + 4)
     while item < n_b:
         if item == 0:
-            tl.store(loss_ptr + tl.arange(0, 1), sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+            store_scalar(loss_ptr, sum_vec(part_l_ptr, n_tiles, 1024) * scale)
         v = item // (n_groups * n_dc)
         g = (item // n_dc) % n_groups
         dc = item % n_dc

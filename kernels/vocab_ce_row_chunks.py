@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, sum_vec, relu_in, relu_out,
-                     logits_tile, pad16, combine_lse)
+                     logits_tile, pad16, lse_and_loss, store_scalar)
 
 
 @triton.jit
@@ -140,21 +140,14 @@ def vocab_ce_row_chunks_kernel(
             o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
             m_n = o_n < r_hi
             if r0 + tr * BLOCK_N < r_hi:
-                o_c = o_n - r0
-                b_lse = combine_lse(mt_ptr, st_ptr, chunk, n_v, o_c, m_n, BLOCK_N, BLOCK_P)
-                tl.store(lse_ptr + o_c, b_lse, mask=m_n)
-                b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-                m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
-                b_zt = tl.load(zt_ptr + o_c, mask=m_row, other=0.0, cache_modifier=".cg")
-                tl.store(part_l_ptr + r * rt + tr + tl.arange(0, 1),
-                         tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+                lse_and_loss(mt_ptr, st_ptr, chunk, n_v, lse_ptr, zt_ptr, part_l_ptr + r * rt + tr, y_ptr, o_n, o_n - r0,
+                             m_n, ignore_index, C, BLOCK_N, BLOCK_P)
         else:
             passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_e + rt)
             q = q - n_e - rt
             if r == n_chunks - 1:
                 if q == 0:  # every row tile's loss partial is in (the last stage S is done)
-                    tl.store(loss_ptr + tl.arange(0, 1),
-                             sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+                    store_scalar(loss_ptr, sum_vec(part_l_ptr, n_tiles, 1024) * scale)
             if gh_first:
                 is_gh = q < n_gh
                 q = tl.where(is_gh, q, q - n_gh)

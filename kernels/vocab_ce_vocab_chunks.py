@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in,
-                     relu_out, logits_tile, pad16, combine_lse)
+                     relu_out, logits_tile, pad16, lse_and_loss, store_scalar)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -120,13 +120,8 @@ def vocab_ce_vocab_chunks_kernel(
             t = item - n_l
             o_n = tl.arange(0, BLOCK_N).to(tl.int64) + t * BLOCK_N
             m_n = o_n < N
-            b_lse = combine_lse(m_ptr, s_ptr, N, S, o_n, m_n, BLOCK_N, BLOCK_P)
-            tl.store(lse_ptr + o_n, b_lse, mask=m_n)
-            b_t = tl.load(y_ptr + o_n, mask=m_n, other=ignore_index)
-            m_row, b_bad = ce_rows(b_t, m_n, ignore_index, C)
-            b_zt = tl.load(zt_ptr + o_n, mask=m_row, other=0.0, cache_modifier=".cg")
-            tl.store(part_l_ptr + t + tl.arange(0, 1),
-                     tl.sum(tl.where(m_row, b_lse - b_zt, 0.0) + b_bad, axis=0) + tl.zeros([1], dtype=tl.float32))
+            lse_and_loss(m_ptr, s_ptr, N, S, lse_ptr, zt_ptr, part_l_ptr + t, y_ptr, o_n, o_n, m_n, ignore_index, C,
+                         BLOCK_N, BLOCK_P)
         else:
             r = item - n_lm
             c = r // n_stage
@@ -159,8 +154,7 @@ def vocab_ce_vocab_chunks_kernel(
                 q = q - n_dz
                 if c == 0:
                     if q == 0:  # every row tile's loss partial is in (stage M is done)
-                        tl.store(loss_ptr + tl.arange(0, 1),
-                                 sum_vec(part_l_ptr, n_tiles, 1024) * scale + tl.zeros([1], dtype=tl.float32))
+                        store_scalar(loss_ptr, sum_vec(part_l_ptr, n_tiles, 1024) * scale)
                 if gh_first:
                     is_gw = q >= n_gh
                     q = tl.where(is_gw, q - n_gh, q)
