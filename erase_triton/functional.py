@@ -30,8 +30,11 @@ ACTIVATIONS = (None, "relu")
 
 
 @functools.lru_cache(maxsize=64)
-def _config(occupancy) -> LaunchConfig:
-    return LaunchConfig(occupancy=occupancy)
+def _config(config, occupancy) -> LaunchConfig:
+    # one object per (config, occupancy) value: the fast path's key holds id(config)
+    if config is None:
+        return LaunchConfig(occupancy=occupancy)
+    return config if occupancy is None else dataclasses.replace(config, occupancy=occupancy)
 
 
 def _fail(msg: str):
@@ -240,9 +243,7 @@ def fused_local_head(h, weight, bias, target, *, loss="bce", reduction="mean", o
         raise TypeError(f"config must be a LaunchConfig or None, got {type(config).__name__}")
     check_occupancy(occupancy)
     check_types(h, weight, bias)  # before the gradient buffers are made like them; check_args does the rest
-    cfg = config if config is not None else _config(occupancy)
-    if config is not None and occupancy is not None:
-        cfg = dataclasses.replace(config, occupancy=occupancy)
+    cfg = _config(config, occupancy)
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
     grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else None
     if _kplan.POISON:  # (tests) an element the kernel forgets to write stays NaN
