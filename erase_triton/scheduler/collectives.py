@@ -22,7 +22,6 @@ class DataParallelGroup:
     local: bool = False  # a rank-local model (`local_only`): no collectives
 
 
-
 def all_reduce_grads(params, dp: DataParallelGroup) -> int:
     """Average the .grad of `params` over dp's ranks: one flat buffer per dtype, summed with
     all_reduce on the current stream, divided by the world size, copied back. Parameters

@@ -125,10 +125,10 @@ class StepState:
         self.forked: set = set()   # ring streams that joined this step (and must be joined back)
         self.seg_leaves: dict = {}  # segment -> (its stream, its leaf ids)
         self.updated: set = set()  # ids of parameters updated early in this step
-        self.segments: list = []   # (head id, leaf ids) of each segment, for the next UpdatePlan
+        self.segments: list = []   # (head id, leaf ids) of each segment whose leaves were found (on the
+                                   # ring or data parallel): the next update and reduce plans
         self.plan_ok = sched._early_updates()
         self.dp = None             # the data-parallel group of the step's heads (erase_triton.distributed)
-        self.dp_segments: list = []  # (head id, leaf ids) of each segment, for the next reduce plan
         self.reduced: set = set()  # ids of parameters whose gradient was averaged in this step
         self.reduce_ok = sched.reduce_plan is not None
         self.trace: list = []
@@ -368,6 +368,8 @@ class Scheduler(SegmentUpdates):
         # early updates in erase steps only: on one stream (sequential, and the host-bound steps
         # of adaptive erase) they would overlap nothing and cost host time (one optimizer call a segment)
         update = self._segment_update(st, head, seg, leaves) if on_ring and self._optimizer is not None else None
+        if on_ring or dp is not None:
+            st.segments.append((id(head), leaves))
         plan = plan_detach_point(seg, mode=self.mode, host_bound=st.host_bound, final=head.final, stream=k,
                                  ring=st.ring, leaves=leaves, earlier=st.seg_leaves, update=update)
         st.trace.extend(plan.trace())

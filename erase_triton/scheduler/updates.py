@@ -79,7 +79,6 @@ class SegmentUpdates:
     def _reduce(self, st: "StepState", seg: int, head, leaves: frozenset, final: bool):
         """After segment seg's backward, on its stream: average the gradients it completes (the
         plan's), and after the final head every gradient not averaged yet."""
-        st.dp_segments.append((id(head), leaves))
         todo = []
         if st.reduce_ok:
             params, st.reduce_ok = self.reduce_plan.update_after(seg, id(head))
@@ -101,10 +100,10 @@ class SegmentUpdates:
         if rest:
             st.trace.append(("allreduce", "exit", all_reduce_grads(rest, st.dp)))
             st.reduced.update(id(p) for p in rest)
-        heads = [h for h, _ in st.dp_segments]
+        heads = [h for h, _ in st.segments]
         if self.reduce_plan is None or not st.reduce_ok or heads != self.reduce_plan.heads:
             key = tuple(id(p) for p in st.dp.params)
-            self.reduce_plan = UpdatePlan.learn([{"params": list(st.dp.params)}], st.dp_segments, key)
+            self.reduce_plan = UpdatePlan.learn([{"params": list(st.dp.params)}], st.segments, key)
 
     # ------------------------------------------------------------- early updates
     def _early_updates(self) -> bool:
@@ -127,7 +126,6 @@ class SegmentUpdates:
                 f"{shapes[:4]}) already updated earlier in this step; the segments differ from the step the "
                 f"update plan was learned from. Parameters shared across segments must be reached the same "
                 f"way every step, or step the optimizer after the step (optimizer=None).")
-        st.segments.append((id(head), leaves))
         if not st.plan_ok:
             return None
         params, st.plan_ok = self.update_plan.update_after(seg, id(head))
@@ -145,7 +143,7 @@ class SegmentUpdates:
         rest = [[p for p in g["params"] if id(p) not in st.updated] for g in opt.param_groups]
         if any(rest):
             self._update(st, "exit", rest)
-        if st.segments:  # an erase step off the host-bound path: its segments are the next plan
+        if self.mode == "erase" and not st.host_bound and st.segments:  # its segments are the next plan
             heads = [h for h, _ in st.segments]
             if self.update_plan is None or not st.plan_ok or heads != self.update_plan.heads:
                 self.update_plan = UpdatePlan.learn(opt.param_groups, st.segments, _param_key(opt))
