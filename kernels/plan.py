@@ -18,13 +18,16 @@ from .vocab_ce import vocab_ce_kernel
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
-__all__ = ["HeadLaunch", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "chunk_size_for", "plan_for", "prepare_launch"]
+__all__ = ["HeadLaunch", "KERNELS", "LOSSES", "MAX_DENSE_C", "MAX_VOCAB", "chunk_size_for", "plan_for", "prepare_launch"]
 
 LOSSES = {"bce": 0, "ce": 1, "mse": 2}
 MAX_DENSE_C = 64
 DENSE_CE_MAX_C = 64  # "ce" up to here: the dense kernel (docs/tuning.md#ce-kernel-thresholds)
 SMALL_CE_MAX_C = 512  # up to here the small-vocabulary kernel, above it the vocabulary kernel (same section)
 MAX_VOCAB = 131072
+# the head kernels by plan kind (`_Plan.kind`)
+KERNELS = {"dense": dense_head_kernel, "small": small_ce_kernel, "vocab": vocab_ce_kernel,
+           "vocab_chunks": vocab_ce_vocab_chunks_kernel, "row_chunks": vocab_ce_row_chunks_kernel}
 
 
 class _Workspace:
@@ -263,11 +266,9 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
               RELU=relu, STORE_ACT=store_act and kind in ("dense", "small"), **blk)
     if kind == "dense":
         cx.update(LOSS=LOSSES[loss], CE_MEAN=(loss == "ce" and reduction == "mean"))
-        kernel = dense_head_kernel
     else:
         cx.update(CE_MEAN=reduction == "mean")
-        kernel = {"small": small_ce_kernel, "vocab": vocab_ce_kernel, "vocab_chunks": vocab_ce_vocab_chunks_kernel,
-                  "row_chunks": vocab_ce_row_chunks_kernel}[kind]
+    kernel = KERNELS[kind]
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
     p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)

@@ -8,6 +8,7 @@ import os
 import torch
 
 from ..blocks import compile_blocks
+from ..kernels.plan import KERNELS
 from ..scheduler import Scheduler
 from .heads import with_heads
 from .io import write_csv
@@ -17,6 +18,8 @@ from .timing import step_runner, tf32_metadata
 from .workloads import mlp_workload, transformer_workload
 
 __all__ = ["kernel_intervals", "trace"]
+
+_HEAD_KERNELS = tuple(k.fn.__name__ for k in KERNELS.values())
 
 
 def kernel_intervals(prof, graphed: bool = False) -> list[dict]:
@@ -37,7 +40,7 @@ def kernel_intervals(prof, graphed: bool = False) -> list[dict]:
     for k in kernels:
         t = launches.get(k.correlation_id())
         phase = "fwd/bwd (graph)" if graphed else "forward"
-        if "head_kernel" in k.name() or "_ce_kernel" in k.name():
+        if any(n in k.name() for n in _HEAD_KERNELS):
             phase = "head"
         elif t is not None and not graphed:
             inner = [r for r in ranges if r[0] <= t <= r[1]]
