@@ -136,10 +136,19 @@ def _mean_over_ranks(values: list, world: int, device) -> list:
     return (t / world).cpu().tolist()
 
 
-def _check_sizes(steps, batch_size):
+def _setup(kind: str, device, steps, batch_size, distributed: bool, seed: int):
+    """(device, steps, batch_size, rank, world size) of a run: the device's defaults for `kind` where
+    steps or batch_size is None, both checked; the global seed set."""
+    dev = torch.device(device)
+    d = (CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS)[kind]
+    steps = d["steps"] if steps is None else steps
+    batch_size = d["batch_size"] if batch_size is None else batch_size
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    rank, world = _world() if distributed else (0, 1)
+    torch.manual_seed(seed)
+    return dev, steps, batch_size, rank, world
 
 
 def evaluate_ctr(model, data, batch: int = 8192) -> dict:
@@ -165,13 +174,7 @@ def train_ctr(mode="erase", steps=None, batch_size=None, device="cpu", graph=Fal
     from .data import batches, load_movielens, synthetic_criteo
     from .models.ctr import CTRConfig, CTRModel
 
-    dev = torch.device(device)
-    d = (CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS)["ctr"]
-    steps = d["steps"] if steps is None else steps
-    batch_size = d["batch_size"] if batch_size is None else batch_size
-    _check_sizes(steps, batch_size)
-    rank, world = _world() if distributed else (0, 1)
-    torch.manual_seed(seed)
+    dev, steps, batch_size, rank, world = _setup("ctr", device, steps, batch_size, distributed, seed)
     if data == "movielens":
         tr, va, te = load_movielens()
     elif data == "synthetic":
@@ -233,13 +236,7 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
     from .data.text import lm_batches, load_text
     from .models.transformer import TinyTransformer
 
-    dev = torch.device(device)
-    d = (CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS)["transformer"]
-    steps = d["steps"] if steps is None else steps
-    batch_size = d["batch_size"] if batch_size is None else batch_size
-    _check_sizes(steps, batch_size)
-    rank, world = _world() if distributed else (0, 1)
-    torch.manual_seed(seed)
+    dev, steps, batch_size, rank, world = _setup("transformer", device, steps, batch_size, distributed, seed)
     tr, va = load_text(text)
     model = TinyTransformer(vocab=256, width=width, layers=6, n_heads=max(1, width // 64), max_seq=seq,
                             backend=backend, head_every=head_every).to(dev)
@@ -256,11 +253,11 @@ def train_transformer(mode="erase", steps=None, batch_size=None, device="cpu", g
         run, it, first, opt, lr, steps, eval_every, progress, dev,
         lambda: {"val_perplexity": evaluate_lm(model, va, seq, dev)},
         lambda v: f"val ppl {v['val_perplexity']:.2f}", head=_final_head(model))
+    rate = _reduced_rate(train_time, steps * batch_size, world, dev)  # (one collective when distributed)
     return {"model": "transformer", "head_every": head_every, "data": text, "mode": mode, "graph": graph,
             "device": str(dev), "seed": seed, "world_size": world,
             "steps": steps, "batch_size": batch_size, "seq": seq, "perplexity": history[-1]["val_perplexity"],
-            "examples_per_s": _reduced_rate(train_time, steps * batch_size, world, dev), "tokens_per_s":
-            _reduced_rate(train_time, steps * batch_size * seq, world, dev), "peak_memory_mb": _peak_memory_mb(dev),
+            "examples_per_s": rate, "tokens_per_s": rate * seq, "peak_memory_mb": _peak_memory_mb(dev),
             "history": history, "train_loss": _mean_over_ranks(train_loss, world, dev)}
 
 
