@@ -196,14 +196,16 @@ def plot_schedule(rows: list[dict], path: str):
 
 
 def plot_local_head(rows: list[dict], path: str):
-    """Fused head time vs baselines per config, with the HBM/matmul floor."""
-    rs = [r for r in rows if r.get("us") and not r["variant"].startswith("ours ")]
+    """Fused head time vs baselines per config, with the HBM/matmul floor. Variants with a setting
+    in their name ("ours occupancy=0.125", "ours-row_chunks chunk_size=512") are left out."""
+    rs = [r for r in rows if r.get("us") and " " not in r["variant"]]
     cfgs = []
     for r in rs:
         k = (r["loss"], r["N"], r["D"], r["C"], r["dtype"])
         if k not in cfgs:
             cfgs.append(k)
-    variants = ["torch", "torch.compile", "liger", "ours"]
+    # every variant with a time, baselines first, each group in the file's order
+    variants = sorted(dict.fromkeys(r["variant"] for r in rs), key=lambda v: v.startswith("ours"))
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cfgs)), 4.2))
     w = 0.8 / len(variants)
     for i, v in enumerate(variants):
