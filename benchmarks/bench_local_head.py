@@ -45,43 +45,35 @@ def make(loss, N, D, C, dtype):
     return h, w, b, y
 
 
-def torch_fn(loss, h, w, b, y, compiled=None):
-    fwd = compiled or (lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
+def autograd_fn(fwd, h, w, b, y):
+    """run(): the loss fwd(h, w, b, y) and its gradients in h, w and b (b None: no bias), by autograd."""
     ws = w.detach().requires_grad_(True)
-    bs = b.detach().requires_grad_(True)
+    bs = b.detach().requires_grad_(True) if b is not None else None
 
     def run():
         hh = h.detach().requires_grad_(True)
-        out = fwd(hh, ws, bs, y)
-        return torch.autograd.grad(out, [hh, ws, bs])
+        return torch.autograd.grad(fwd(hh, ws, bs, y), [hh, ws] + ([bs] if bs is not None else []))
     return run
+
+
+def torch_fn(loss, h, w, b, y, compiled=None):
+    fwd = compiled or (lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
+    return autograd_fn(fwd, h, w, b, y)
 
 
 def liger_fn(h, w, b, y):
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     crit = LigerFusedLinearCrossEntropyLoss()
-    ws = w.detach().requires_grad_(True)
-    bs = b.detach().requires_grad_(True)
-
-    def run():
-        hh = h.detach().requires_grad_(True)
-        out = crit(ws, hh, y, bs)
-        return torch.autograd.grad(out, [hh, ws, bs])
-    return run
+    return autograd_fn(lambda hh, ww, bb, yy: crit(ww, hh, yy, bb), h, w, b, y)
 
 
 def cce_fn(h, w, b, y, filter_eps="high"):
-    # filter_eps="high" (CCE's default) skips gradient blocks it judges negligible; None computes them all
+    # filter_eps="high" (CCE's default) skips gradient blocks it judges negligible; None computes them all.
+    # No bias: CCE has none (the bias is zero here)
     from cut_cross_entropy import linear_cross_entropy
 
-    ws = w.detach().requires_grad_(True)
-
-    def run():
-        hh = h.detach().requires_grad_(True)
-        out = linear_cross_entropy(hh, ws, y, filter_eps=filter_eps)  # no bias: CCE has none (the bias is zero here)
-        return torch.autograd.grad(out, [hh, ws])
-    return run
+    return autograd_fn(lambda hh, ww, _, yy: linear_cross_entropy(hh, ww, yy, filter_eps=filter_eps), h, w, None, y)
 
 
 def ours_fn(loss, h, w, b, y, cfg=None):
