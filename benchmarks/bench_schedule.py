@@ -368,7 +368,7 @@ def main():
     print_table(summ, ["model", "width", "batch", "dtype", "relu_in_head", "beside", "final", "compile_blocks",
                        "graph_erase_fused_ms", "graph_erase_vs_seq",
                        "graph_erase_vs_e2e", "graph_fused_vs_torch_heads", "graph_free_vs_torch_heads",
-                       "graph_free_replayed_vs_torch_heads", "graph_stream_vs_torch_heads",
+                       "graph_free_replayed_vs_torch_heads",
                        "graph_fused_vs_compiled_heads", "graph_compiled_vs_torch_heads",
                        "graph_erase_fused_ms_early", "graph_early_vs_erase", "graph_early_vs_e2e",
                        "graph_fused_vs_torch_heads_early", "graph_erase_fused_ms_equal_prio",

@@ -171,7 +171,6 @@ def plot_schedule(rows: list[dict], path: str):
               ("graph_fused_vs_torch_heads", "fused / PyTorch heads (graphed erase)"),
               ("graph_fused_vs_compiled_heads", "fused / compiled PyTorch heads (torch.compile, graphed erase)"),
               ("graph_compiled_vs_torch_heads", "compiled / plain PyTorch heads (graphed erase)"),
-              ("graph_stream_vs_torch_heads", "stream heads (the fused kernel's bytes, none of its math) / PyTorch heads"),
               ("graph_free_vs_torch_heads", "zero-cost heads (constant gradient) / PyTorch heads (graphed erase)"),
               ("graph_free_replayed_vs_torch_heads", "zero-cost heads replaying a real gradient / PyTorch heads: "
                                                      "the most any head buys"),
