@@ -109,6 +109,13 @@ def store_grad(p_out, val, mask, ACCUMULATE: tl.constexpr):
 
 
 @triton.jit
+def grad_scale(scale):
+    # the factor of a CE kernel's fp32 gradient sums: the loss's scale, or 0 where every row is ignored
+    # (scale = 1 / 0): zero gradients, as PyTorch's, and a NaN loss
+    return tl.where(scale < float("inf"), scale, 0.0)
+
+
+@triton.jit
 def store_scalar(ptr, x):
     # one fp32 value to ptr[0], stored as a 1-element vector
     tl.store(ptr + tl.arange(0, 1), x + tl.zeros([1], dtype=tl.float32))

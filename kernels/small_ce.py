@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, sum_group_rows,
-                     relu_in, relu_out, pad16, store_scalar)
+                     relu_in, relu_out, pad16, store_scalar, grad_scale)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -50,6 +50,7 @@ def small_ce_kernel(
         scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    gscale = grad_scale(scale)
     part_l_ptr = ws_ptr
     part_ptr = ws_ptr + pad16(n_tiles)
     n_gr = tl.where(n_groups > 1, n_groups, 0)
@@ -88,7 +89,8 @@ def small_ce_kernel(
         b_z = tl.exp(b_z - b_max[:, None])
         b_s = tl.sum(b_z, axis=1)
         store_scalar(part_l_ptr + t, tl.sum(tl.where(m_row, b_max + tl.log(b_s) - b_zt, 0.0) + b_bad, axis=0))
-        b_r = tl.where(m_row, scale, 0.0) + b_bad
+        # dz without the loss's scale (it multiplies the fp32 products): 1 / N times a 16-bit dz underflows in fp16
+        b_r = tl.where(m_row, 1.0, 0.0) + b_bad
         b_dz = (b_z * (b_r / b_s)[:, None] - tl.where(o_c[None, :] == b_t[:, None], b_r[:, None], 0.0)).to(gh_ptr.dtype.element_ty)
         # dz rows are BLOCK_C wide (padded columns hold zeros): unmasked, aligned loads in phase B
         tl.store(dz_ptr + o_n[:, None] * BLOCK_C + o_c[None, :], b_dz, mask=m_n[:, None])
@@ -99,10 +101,10 @@ def small_ce_kernel(
             m_d = o_d < D
             if GH_T:
                 b_wt = tl.load(w_ptr + o_c[None, :] * D + o_d[:, None], mask=m_c[None, :] & m_d[:, None], other=0.0)
-                b_gh = tl.trans(tile_dot(b_wt.to(b_dz.dtype), b_dzt, DOT_FP32, PRECISION))
+                b_gh = tl.trans(tile_dot(b_wt.to(b_dz.dtype), b_dzt, DOT_FP32, PRECISION)) * gscale
             else:
                 b_w = tl.load(w_ptr + o_c[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0.0)
-                b_gh = tile_dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
+                b_gh = tile_dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION) * gscale
             if RELU:
                 b_gh = relu_out(b_gh, tl.load(h_ptr + o_n[:, None] * stride_h + o_d[None, :],
                                                mask=m_n[:, None] & m_d[None, :], other=0.0), RELU)
@@ -142,6 +144,7 @@ def small_ce_kernel(
                 b_acc += tile_dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
                 if HAS_BIAS:  # elementwise: a sum over rows here is a cross-warp reduction an iteration
                     b_gb += b_dz.to(tl.float32)
+            b_acc = b_acc * gscale
             o_w = o_v.to(tl.int64)[:, None] * D + o_d[None, :]
             m_w = m_v[:, None] & m_d[None, :]
             # (the group row's address is written out at each store: hoisting it into a variable
@@ -153,9 +156,9 @@ def small_ce_kernel(
             if HAS_BIAS:
                 if dw == 0:
                     if n_groups == 1:
-                        store_grad(gb_ptr + o_v, tl.sum(b_gb, axis=0), m_v, ACCUMULATE)
+                        store_grad(gb_ptr + o_v, tl.sum(b_gb, axis=0) * gscale, m_v, ACCUMULATE)
                     else:
-                        tl.store(part_ptr + g.to(tl.int64) * stride_g + C * D + o_v, tl.sum(b_gb, axis=0), mask=m_v)
+                        tl.store(part_ptr + g.to(tl.int64) * stride_g + C * D + o_v, tl.sum(b_gb, axis=0) * gscale, mask=m_v)
             item_done(ctr_ptr + 5)
             item = item_next
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_all, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec,
-                     sum_group_rows, relu_in, relu_out, logits_tile, store_scalar)
+                     sum_group_rows, relu_in, relu_out, logits_tile, store_scalar, grad_scale)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -39,6 +39,7 @@ def vocab_ce_kernel(
         scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    gscale = grad_scale(scale)
     lse_ptr = ws_ptr
     part_l_ptr = ws_ptr + N
     part_ptr = ws_ptr + N + n_tiles
@@ -116,11 +117,14 @@ def vocab_ce_kernel(
             b_z = logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
                                HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
             b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
-            b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * (scale + b_bad)[:, None], 0.0)
+            # unscaled: the loss's scale multiplies the fp32 sums below (1 / N times a 16-bit dz underflows in fp16)
+            b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * (1.0 + b_bad)[:, None], 0.0)
             b_hd = relu_in(tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :], mask=m_n[:, None] & m_dc[None, :],
                                     other=0.0), RELU)
             b_acc += tile_dot(tl.trans(b_dz).to(b_hd.dtype), b_hd, DOT_FP32, PRECISION)
             b_gb += tl.sum(b_dz, axis=0)
+        b_acc = b_acc * gscale
+        b_gb = b_gb * gscale
         o_w = o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
         m_w = m_v[:, None] & m_dc[None, :]
         if n_groups == 1:

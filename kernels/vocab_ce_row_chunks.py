@@ -11,7 +11,9 @@ scratch of 16 MiB to a quarter of grad_W; one chunk where that holds all rows):
   S_r (row tile)                  -> lse of each row from its tiles' maxima and sums; the loss
   G_r (row tile, D tile)          -> grad_h = dz W, K over the whole vocabulary
       (vocabulary tile, D tile)   -> grad_W += dz^T relu(h), K over the chunk's rows
-  with dz = scale * (e * exp(tile max - lse) - onehot(t)) formed in registers as a tile is loaded.
+  with dz = e * exp(tile max - lse) - onehot(t) formed in registers as a tile is loaded; the loss's
+  scale (1 / count for a mean) multiplies the fp32 accumulators, not dz: a 16-bit dz of a large
+  vocabulary scaled by 1 / N would underflow in fp16.
 
 grad_W is summed over the row chunks in its own dtype (a bf16 weight: one rounding a chunk; one
 chunk: none); grad_b in an fp32 scratch. The work queue, stage barriers and determinism are those of
@@ -24,17 +26,17 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, sum_vec, relu_in, relu_out,
-                     logits_tile, pad16, lse_and_loss, store_scalar)
+                     logits_tile, pad16, lse_and_loss, store_scalar, grad_scale)
 
 
 @triton.jit
-def _row_terms(y_ptr, lse_ptr, o_r, m_r, r0, ignore_index, C, scale):
+def _row_terms(y_ptr, lse_ptr, o_r, m_r, r0, ignore_index, C):
     # per row of a dz tile (rows o_r, global ids; chunk rows o_r - r0): the target, whether the row
-    # counts, its gradient scale (NaN for a bad id) and its lse
+    # counts, its factor (1 if it counts, 0 if not, NaN for a bad id) and its lse
     b_t = tl.load(y_ptr + o_r, mask=m_r, other=ignore_index)
     m_row, b_bad = ce_rows(b_t, m_r, ignore_index, C)
     b_lse = tl.load(lse_ptr + (o_r - r0), mask=m_r, other=0.0, cache_modifier=".cg")
-    return b_t, m_row, tl.where(m_row, scale, 0.0) + b_bad, b_lse
+    return b_t, m_row, tl.where(m_row, 1.0, 0.0) + b_bad, b_lse
 
 
 @triton.jit
@@ -80,6 +82,7 @@ def vocab_ce_row_chunks_kernel(
         scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    gscale = grad_scale(scale)
     dt = gh_ptr.dtype.element_ty
     n_v = tl.cdiv(C, BLOCK_V)
     C_PAD = n_v * BLOCK_V
@@ -165,7 +168,7 @@ def vocab_ce_row_chunks_kernel(
                     m_dc = o_dc < D
                     m_nd = m_n[:, None] & m_dc[None, :]
                     b_acc = tl.zeros([BLOCK_N, BLOCK_DC], dtype=tl.float32)
-                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C, scale)
+                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C)
                     for k0 in range(0, C, BLOCK_K):
                         o_k = k0 + tl.arange(0, BLOCK_K)
                         m_k = o_k < C
@@ -174,6 +177,7 @@ def vocab_ce_row_chunks_kernel(
                         b_w = tl.load(w_ptr + o_k.to(tl.int64)[:, None] * D + o_dc[None, :],
                                       mask=m_k[:, None] & m_dc[None, :], other=0.0)
                         b_acc += tile_dot(b_dz, b_w.to(dt), DOT_FP32, PRECISION)
+                    b_acc = b_acc * gscale
                     if RELU:
                         b_acc = relu_out(b_acc, tl.load(h_ptr + o_n[:, None] * stride_h + o_dc[None, :],
                                                         mask=m_nd, other=0.0), RELU)
@@ -191,7 +195,7 @@ def vocab_ce_row_chunks_kernel(
                 for k0 in range(r0, r_hi, BLOCK_K):
                     o_k = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
                     m_k = o_k < r_hi
-                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_k, m_k, r0, ignore_index, C, scale)
+                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_k, m_k, r0, ignore_index, C)
                     b_dz32 = _dz_tile(e_ptr, mt_ptr, o_k, m_k, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, j, r0)
                     b_dz = b_dz32.to(dt)
                     b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
@@ -199,6 +203,8 @@ def vocab_ce_row_chunks_kernel(
                     b_acc += tile_dot(tl.trans(b_dz), b_hd.to(dt), DOT_FP32, PRECISION)
                     if HAS_BIAS:
                         b_gb += tl.sum(b_dz32, axis=0)
+                b_acc = b_acc * gscale
+                b_gb = b_gb * gscale
                 p_w = gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
                 m_w = m_v[:, None] & m_dc[None, :]
                 if ACCUMULATE:  # onto what .grad held, then onto the earlier chunks (another program's: .cg)

@@ -8,8 +8,10 @@ row-chunked kernel, vocab_ce_row_chunks.py, does three in a scratch of whole row
   L   (row tile, vocabulary split) -> running max and sum of exp over the split: z = h W^T
   M   (row tile)                       -> each row's lse from its splits (fixed order); the loss
   then, for each chunk of vocabulary columns (host-sized: a dz scratch of 16 MiB to a quarter of grad_W):
-  D_c (row tile, vocabulary tile)  -> z again; dz = scale * (softmax(z) - onehot(t)) into a
+  D_c (row tile, vocabulary tile)  -> z again; dz = softmax(z) - onehot(t) into a
                                       [N, chunk] scratch in h's dtype; grad_b partials per row tile
+                                      (the loss's scale multiplies the fp32 sums: scaled by 1 / N, a
+                                      16-bit dz would underflow in fp16)
   G_c (vocabulary tile, D tile)    -> grad_W = dz^T relu(h), K over the N rows
       (row tile, D tile)           -> grad_h += dz W[chunk], K over the chunk (fp32 between chunks)
 
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in,
-                     relu_out, logits_tile, pad16, lse_and_loss, store_scalar)
+                     relu_out, logits_tile, pad16, lse_and_loss, store_scalar, grad_scale)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -59,6 +61,7 @@ def vocab_ce_vocab_chunks_kernel(
         scale = count_targets(y_ptr, ctr_ptr, N, ignore_index, 1024)
     else:
         scale = inv_count
+    gscale = grad_scale(scale)
     S = n_groups
     m_ptr = ws_ptr
     s_ptr = m_ptr + pad16(S * N)
@@ -145,11 +148,13 @@ def vocab_ce_vocab_chunks_kernel(
                     b_z = logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
                                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
                     b_dz = tl.exp(b_z - b_lse[:, None]) - (o_v[None, :] == b_t[:, None]).to(tl.float32)
-                    b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * (scale + b_bad)[:, None], 0.0)
+                    # unscaled (the loss's scale multiplies the fp32 accumulators): scaled by 1 / N, a
+                    # 16-bit dz of a large vocabulary would underflow in fp16
+                    b_dz = tl.where(m_row[:, None] & m_v[None, :], b_dz * (1.0 + b_bad)[:, None], 0.0)
                     tl.store(dz_ptr + o_n[:, None] * chunk + o_j[None, :], b_dz.to(gh_ptr.dtype.element_ty),
                              mask=m_n[:, None])
                     if HAS_BIAS:
-                        tl.store(gbp_ptr + t.to(tl.int64) * chunk + o_j, tl.sum(b_dz, axis=0), mask=m_v)
+                        tl.store(gbp_ptr + t.to(tl.int64) * chunk + o_j, tl.sum(b_dz, axis=0) * gscale, mask=m_v)
             else:
                 q = q - n_dz
                 if c == 0:
@@ -180,7 +185,7 @@ def vocab_ce_vocab_chunks_kernel(
                             b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
                                                    mask=m_k[:, None] & m_dc[None, :], other=0.0), RELU)
                             b_acc += tile_dot(tl.trans(b_dz), b_hd.to(b_dz.dtype), DOT_FP32, PRECISION)
-                        store_grad(gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :], b_acc,
+                        store_grad(gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :], b_acc * gscale,
                                    m_v[:, None] & m_dc[None, :], ACCUMULATE)
                         if HAS_BIAS:
                             if d == 0:
@@ -209,6 +214,7 @@ def vocab_ce_vocab_chunks_kernel(
                         b_w = tl.load(w_ptr + (c0 + o_k).to(tl.int64)[:, None] * D + o_dc[None, :],
                                       mask=m_k[:, None] & m_dc[None, :], other=0.0)
                         b_acc += tile_dot(b_dz, b_w.to(b_dz.dtype), DOT_FP32, PRECISION)
+                    b_acc = b_acc * gscale
                     o_nd = o_n[:, None] * D + o_dc[None, :]
                     if c > 0:
                         b_acc += tl.load(acc_h_ptr + o_nd, mask=m_nd, other=0.0, cache_modifier=".cg")
