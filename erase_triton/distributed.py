@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from .scheduler.collectives import DataParallelGroup, all_reduce_grads, gather_rows
 
 __all__ = ["DataParallelGroup", "all_reduce_grads", "data_parallel", "gather_rows", "launch_from_env", "local_only",
-           "shard_of"]
+           "param_groups", "shard_of"]
 
 
 # a model prepared to run rank-local in a distributed job (no gradient averaging)
@@ -83,7 +83,9 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
     its own root with `reshard_after_forward=False` (its backward follows its forward at once): the
     body's parameters are sharded and its gradients reduce-scattered by FSDP when its backward ends;
     the heads' gradients (and any parameter outside a body) are still averaged by the scheduler.
-    For models too large to replicate. Bodies holding a `FusedSGDEmbeddings` stay replicated.
+    For models too large to replicate. Bodies holding a `FusedSGDEmbeddings` stay replicated. Build
+    the optimizer over `param_groups(model)`: a foreach optimizer step (the default on CUDA) cannot
+    take sharded and replicated parameters in one group.
     broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does), before sharding.
     Raises if the model has no LocalHead, or is already wrapped in DDP / FSDP.
     """
@@ -133,6 +135,15 @@ def _shard_bodies(model, process_group):
     for _, body in segment_bodies(model):
         if not any(isinstance(m, FusedSGDEmbeddings) for m in body.modules()):
             fully_shard(body, mesh=mesh, reshard_after_forward=False)
+
+
+def param_groups(model: torch.nn.Module) -> list[dict]:
+    """The model's parameters as optimizer groups, the ones `data_parallel(shard=True)` sharded (DTensors)
+    apart from the rest: ``torch.optim.SGD(param_groups(model), lr=...)``. An optimizer's foreach step (the
+    default on CUDA) runs one group at a time and raises on a group that mixes DTensors and tensors."""
+    sharded = [p for p in model.parameters() if isinstance(p, DTensor)]
+    plain = [p for p in model.parameters() if not isinstance(p, DTensor)]
+    return [{"params": ps} for ps in (sharded, plain) if ps]
 
 
 def local_only(model: torch.nn.Module) -> torch.nn.Module:

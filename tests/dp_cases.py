@@ -77,14 +77,16 @@ def train(case: str, inputs_of, dp: bool):
     trains WARMUP steps on batch 0 (capture's warm-up), then replays; the reference (dp=False, eager)
     runs the same sequence of batches."""
     from erase_triton import Scheduler
-    from erase_triton.distributed import data_parallel
+    from erase_triton.distributed import data_parallel, param_groups
     from erase_triton.train import training_step
 
     mode, early, captured = cases()[case]
     model = build(case)
     if dp:
         data_parallel(model, shard="sharded" in case)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # foreach: CUDA's default everywhere (it cannot mix the sharded bodies' DTensors and the heads' tensors
+    # in one group: param_groups keeps them apart)
+    opt = torch.optim.SGD(param_groups(model), lr=0.05, momentum=0.9, foreach=True)
     sched = Scheduler(mode, optimizer=opt if early else None, adaptive=False)
     step_fn = training_step(model, opt, step_optimizer=not early)
     full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t.clone()  # noqa: E731  (FSDP: a collective)
