@@ -10,6 +10,8 @@ so consecutive launches on one stream need no memset. Derivation: docs/local_hea
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -17,6 +19,19 @@ import triton.language as tl
 #   0/1 claim/done of phase 0 (count targets), 2/3 phase A, 4/5 phase B, 6 claim of phase R,
 #   7 non-ignored target count, 8 programs exited.
 N_CTR = 16
+
+# A gpu-scope fence in every thread before an item's release and after a wait (the CUDA guide's
+# __threadfence() before __syncthreads()): with only the one thread's release after the barrier, a
+# program on the H200 read stale rows of scratch that another program had rewritten
+# (docs/local_head.md#memory-ordering). The interpreter runs programs one at a time and has no PTX.
+_THREAD_FENCE = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def fence_all_threads():
+    if _THREAD_FENCE:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [tl.arange(0, 256)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -27,7 +42,8 @@ def claim(ctr_ptr):
 
 @triton.jit
 def item_done(done_ptr):
-    # Every thread's stores of this item happen before the release increment.
+    # Every thread's stores of this item are visible device-wide before the release increment.
+    fence_all_threads()
     tl.debug_barrier()
     tl.atomic_add(done_ptr, 1, sem="release")
 
@@ -41,6 +57,7 @@ def wait_all(done_ptr, n_items):
     while done < n_items:
         done = tl.load(done_ptr, volatile=True)
     tl.atomic_add(done_ptr, 0, sem="acquire")
+    fence_all_threads()
     tl.debug_barrier()
 
 
