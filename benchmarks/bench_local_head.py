@@ -9,7 +9,8 @@ bandwidth, memory, achieved TFLOP/s.
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
 benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours`: the default,
 `ours-vocab_chunks` and `ours-row_chunks`: LaunchConfig(vocab_path=...), also at other chunk sizes
-and at occupancy 1/8). --shapes N:D:V,... picks others.
+and at occupancy 1/8). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
+VOCAB_TUNE's tiles, warps and pipelining depths.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
 larger of bytes/copy-bandwidth (copy bandwidth measured in this run) and 3 GEMMs at
@@ -117,6 +118,10 @@ OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
 CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096]}  # besides the host rule's
+# --vocab --tune: tiles, warps and pipelining depth of the chunked paths (block_n, block_v, block_d, num_warps, num_stages)
+VOCAB_TUNE = [(128, 128, 128, 8, s) for s in (2, 3, 4, 5)] + [
+    (128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (128, 128, 256, 8, 3), (128, 256, 256, 8, 3), (64, 128, 128, 4, 4),
+    (64, 256, 128, 8, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4)]
 
 
 def parse_shapes(text: str) -> list:
@@ -145,6 +150,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--vocab", action="store_true", help="the vocabulary CE shapes against every baseline")
     ap.add_argument("--shapes", default=None, help="with --vocab: N:D:V,... instead of the default shapes")
+    ap.add_argument("--tune", action="store_true", help="with --vocab: only the chunked paths, over VOCAB_TUNE's tiles")
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes) if args.shapes else VOCAB
     if not torch.cuda.is_available():
@@ -165,17 +171,25 @@ def main():
         flops = 3 * 2 * N * D * C
         floor_us = max(nbytes / (bw * 1e9), flops / (MATMUL_TFLOPS * 1e12)) * 1e6
         variants = [("torch", torch_fn(loss, h, w, b, y))]
-        if not args.no_compile and ((loss, N, D, C) in COMPILED or args.vocab):
+        if args.tune:
+            for path in CHUNK_SIZES:
+                variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
+                for bn, bv, bd, nw, ns in VOCAB_TUNE:
+                    cfg = LaunchConfig(vocab_path=path, block_n=bn, block_v=bv, block_d=bd, num_warps=nw, num_stages=ns)
+                    variants.append((f"ours-{path} block_n={bn},block_v={bv},block_d={bd},num_warps={nw},num_stages={ns}",
+                                     ours_fn(loss, h, w, b, y, cfg)))
+        if not args.no_compile and not args.tune and ((loss, N, D, C) in COMPILED or args.vocab):
             comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
             variants.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
-        if loss == "ce" and have_liger:
+        if loss == "ce" and have_liger and not args.tune:
             variants.append(("liger", liger_fn(h, w, b, y)))
-        if loss == "ce" and have_cce and args.vocab:
+        if loss == "ce" and have_cce and args.vocab and not args.tune:
             variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
             variants.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
-        variants.append(("ours", ours_fn(loss, h, w, b, y)))
+        if not args.tune:
+            variants.append(("ours", ours_fn(loss, h, w, b, y)))
         ms_call = N * D * C <= 1e11  # a call takes milliseconds (above: up to a second on the recompute path)
-        if args.vocab and C > 512:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
+        if args.vocab and C > 512 and not args.tune:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
             for path, sizes in CHUNK_SIZES.items():
                 variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
                 for size in sizes:
@@ -198,7 +212,8 @@ def main():
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
                            gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn, fresh_stream=True))
                 # launches and host time (2050 back-to-back calls): only where a call takes milliseconds
-                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call:
+                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call \
+                        and not args.tune:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)
             except Exception as ex:  # a baseline failing must not lose the other rows
@@ -208,7 +223,7 @@ def main():
         del h, w, b, y
         torch.cuda.empty_cache()
         write_csv(args.out, rows, meta)  # after every shape: a run cut short keeps what it measured
-    print_table([r for r in rows if "us" in r and " " not in r["variant"]],
+    print_table([r for r in rows if "us" in r and (args.tune or " " not in r["variant"])],
                 ["loss", "N", "D", "C", "dtype", "variant", "us", "floor_us", "pct_of_floor", "tflops", "peak_mb", "launches",
                  "host_us"])
 

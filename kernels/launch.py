@@ -47,7 +47,8 @@ class LaunchConfig:
                     the row reduction: fewer registers, loads that pipeline. None: the host rule.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
-    num_stages:     software-pipelining depth of the row-tile loop (dense kernel).
+    num_stages:     software-pipelining depth: of the row-tile loop (dense kernel), of every K loop
+                    (vocabulary kernels: Triton's `num_stages` compile option; None: Triton's default).
     group_tiles:    row tiles per grad_W partial group, claimed by the programs (dense kernel).
                     None: deterministic launches spread the tiles evenly, one group a program;
                     atomic ones split them statically (program p takes tiles p, p + P, ...).

@@ -180,7 +180,7 @@ def _vocab_blocks(D: int, cfg: LaunchConfig, cuda: bool) -> dict:
     # small at low occupancy): 8 group rows x 512 columns a load. With 64 x 64 a C=256 D=256 head
     # at occupancy 1/8 (16 programs, G = 8) took 1028 latency-bound items, 64 rounds a program.
     return dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, BLOCK_DC=bdc, BLOCK_G=8, BLOCK_R=512,
-                num_warps=cfg.num_warps or 8)
+                num_warps=cfg.num_warps or 8, num_stages=cfg.num_stages if cuda else None)
 
 
 def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
@@ -189,7 +189,8 @@ def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
     _check_dot_rows(cfg, "the vocabulary kernel")
     bv = cfg.block_v or 128
     return dict(BLOCK_N=cfg.block_n or 128, BLOCK_V=bv, BLOCK_K=min(64 if cuda else 128, bv),
-                BLOCK_DC=cfg.block_d or 128, BLOCK_P=32, num_warps=cfg.num_warps or 8)
+                BLOCK_DC=cfg.block_d or 128, BLOCK_P=32, num_warps=cfg.num_warps or 8,
+                num_stages=cfg.num_stages if cuda else None)
 
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
@@ -216,10 +217,11 @@ class _Plan:
 
     __slots__ = ("kernel", "kind", "constexprs", "opts", "p_occ")
 
-    def __init__(self, kernel, kind, constexprs, num_warps, maxnreg=None):
+    def __init__(self, kernel, kind, constexprs, num_warps, maxnreg=None, num_stages=None):
         self.kernel, self.kind, self.constexprs = kernel, kind, constexprs
-        # compile options of every launch: num_warps, and ptxas' register cap where one is set
-        self.opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+        # compile options of every launch: num_warps, ptxas' register cap and the pipelining depth where set
+        self.opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+                         **({"num_stages": num_stages} if num_stages else {}))
         self.p_occ = None
 
     @property
@@ -260,6 +262,7 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
         blk = _chunked_blocks(cfg, cuda)
     num_warps = blk.pop("num_warps")
     maxnreg = blk.pop("maxnreg", None)
+    num_stages = blk.pop("num_stages", None)  # the vocabulary kernels: a compile option (their K loops)
     # STORE_ACT: the dense and small CE kernels write relu(h) as they read h; the vocabulary
     # kernels read h once per vocabulary tile and have no such output (the caller applies the ReLU)
     cx = dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, DOT_FP32=dot_fp32, PRECISION=precision, N_CTR=_N_CTR,
@@ -271,7 +274,7 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     kernel = KERNELS[kind]
     names = [n for n, q in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(q.annotation)]
     cx = {k: cx[k] for k in names}  # declaration order: the direct launcher passes them positionally
-    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None)
+    p = _PLANS[key] = _Plan(kernel, kind, cx, num_warps, (cfg.max_registers or maxnreg) if cuda else None, num_stages)
     return p
 
 

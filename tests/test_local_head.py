@@ -315,6 +315,19 @@ def test_max_registers_is_a_cuda_compile_option():
                  False).opts == dict(num_warps=2)
 
 
+def test_num_stages_is_a_cuda_compile_option_of_the_vocabulary_kernels():
+    # the vocabulary kernels pipeline their K loops by Triton's num_stages; the dense kernel takes it as NUM_STAGES
+    from erase_triton.kernels.plan import plan_for as _plan
+    for path in ("recompute", "vocab_chunks", "row_chunks"):
+        cfg = LaunchConfig(vocab_path=path, num_stages=4)
+        assert _plan("ce", "mean", 32000, 512, torch.bfloat16, True, False, cfg, True, False, "ieee",
+                     False).opts == dict(num_warps=8, num_stages=4)
+        assert _plan("ce", "mean", 32000, 512, torch.bfloat16, True, False, cfg, False, False, "ieee",
+                     False).opts == dict(num_warps=8)
+    dense = _plan("bce", "mean", 1, 512, torch.bfloat16, True, False, LaunchConfig(num_stages=3), True, False, "ieee", False)
+    assert "num_stages" not in dense.opts and dense.constexprs["NUM_STAGES"] == 3
+
+
 def test_wrong_type():
     with pytest.raises(TypeError, match="h must be a torch.Tensor"):
         fused_local_head([1.0], torch.zeros(1, 1), None, torch.zeros(1))
