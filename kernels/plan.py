@@ -452,9 +452,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         else:
             G = tpg = 1
             rt = chunk // bn
-            P = min(p_occ, max(n_v * rt, rt * n_d + n_v * n_d))
-            n_buf = (2 * _pad16(chunk * n_v) + 2 * _pad16(chunk) + _pad16(n_tiles) + (_pad16(C) if has_bias else 0)
-                     + _cdiv(chunk * n_v * bv * h2.element_size(), 4))
+            P = min(p_occ, max(n_v * rt, rt * n_d + n_v * n_d))  # (F_r has E_r's items)
+            n_buf = (2 * _pad16(chunk * n_v) + 2 * _pad16(chunk) + _pad16(n_tiles)
+                     + (_pad16(C) + _pad16(rt * n_v * bv) if has_bias else 0) + _cdiv(chunk * n_v * bv * h2.element_size(), 4))
         n_acc = 0
         stride_g = chunk  # the kernels' chunk argument
     else:

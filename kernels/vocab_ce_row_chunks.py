@@ -2,18 +2,21 @@
 
 The vocabulary-chunked kernel (vocab_ce_vocab_chunks.py) needs every row's log-sum-exp before its
 first dz, so it computes the logits twice (four GEMMs). This one computes them once: it keeps the
-softmax numerators of a chunk of rows, each tile against its own maximum, and rescales them by
-exp(tile max - lse) as the gradient GEMMs load them. Per chunk of `chunk` rows (host-sized: a
-scratch of 16 MiB to a quarter of grad_W; one chunk where that holds all rows):
+softmax numerators of a chunk of rows, each tile against its own maximum, and turns them into dz in
+place once the lse is known. Per chunk of `chunk` rows (host-sized: a scratch of 16 MiB to a quarter
+of grad_W; one chunk where that holds all rows):
 
   E_r (vocabulary tile, row tile) -> z = h W^T; e = exp(z - max of the tile's row) into an
                                      [chunk, C] scratch in h's dtype; the tile's row max and sum of e
   S_r (row tile)                  -> lse of each row from its tiles' maxima and sums; the loss
+  F_r (vocabulary tile, row tile) -> dz = e * exp(tile max - lse) - onehot(t) over e, in place; the
+                                     tile's grad_b partial (fp32)
   G_r (row tile, D tile)          -> grad_h = dz W, K over the whole vocabulary
       (vocabulary tile, D tile)   -> grad_W += dz^T relu(h), K over the chunk's rows
-  with dz = e * exp(tile max - lse) - onehot(t) formed in registers as a tile is loaded; the loss's
-  scale (1 / count for a mean) multiplies the fp32 accumulators, not dz: a 16-bit dz of a large
-  vocabulary scaled by 1 / N would underflow in fp16.
+  F_r is one read and write of the scratch; it leaves G_r plain GEMMs whose K loops only load (not
+  exp and the row terms of every tile: docs/tuning.md#vocabulary-ce-paths). The loss's scale (1 / count for a mean)
+  multiplies the fp32 accumulators, not dz: a 16-bit dz of a large vocabulary scaled by 1 / N would
+  underflow in fp16.
 
 grad_W is summed over the row chunks in its own dtype (a bf16 weight: one rounding a chunk; one
 chunk: none); grad_b in an fp32 scratch. The work queue, stage barriers and determinism are those of
@@ -63,7 +66,8 @@ def vocab_ce_row_chunks_kernel(
     gb_ptr,       # [C] out: grad_b
     loss_ptr,     # [1] out: loss, fp32
     ws_ptr,       # fp32 workspace: tile max [n_v, chunk] | tile sum [n_v, chunk] | lse [chunk] | z_t [chunk]
-                  #   | loss per row tile [n_tiles] | grad_b [C] (HAS_BIAS) | e [chunk, n_v * BLOCK_V] in h's dtype
+                  #   | loss per row tile [n_tiles] | grad_b [C] and its partials [chunk / BLOCK_N, n_v * BLOCK_V]
+                  #   (HAS_BIAS) | e, then dz [chunk, n_v * BLOCK_V] in h's dtype
                   #   (each region padded to 16 floats)
     acc_ptr,      # unused (the dense kernel's ATOMIC accumulator)
     ctr_ptr,      # [16] int32 workspace: counters, zero on entry and on exit
@@ -92,18 +96,20 @@ def vocab_ce_row_chunks_kernel(
     zt_ptr = lse_ptr + pad16(chunk)
     part_l_ptr = zt_ptr + pad16(chunk)
     gb_acc_ptr = part_l_ptr + pad16(n_tiles)
+    rt = chunk // BLOCK_N                   # row tiles a chunk
+    gbp_ptr = gb_acc_ptr + pad16(C)
     if HAS_BIAS:
-        e_ptr = (gb_acc_ptr + pad16(C)).to(tl.pointer_type(dt))
+        e_ptr = (gbp_ptr + pad16(rt.to(tl.int64) * C_PAD)).to(tl.pointer_type(dt))
     else:
         e_ptr = gb_acc_ptr.to(tl.pointer_type(dt))
 
     n_d = tl.cdiv(D, BLOCK_DC)
-    rt = chunk // BLOCK_N                   # row tiles a chunk
     n_chunks = tl.cdiv(N, chunk)
-    n_e = n_v * rt                          # stage E_r items
+    n_e = n_v * rt                          # stage E_r items (and F_r's)
     n_gh = rt * n_d                         # stage G_r: grad_h items ...
     n_gw = n_v * n_d                        # ... and grad_W items
-    n_stage = n_e + rt + n_gh + n_gw        # items of one chunk (E_r, S_r, G_r)
+    n_ef = n_e + rt + n_e                   # items of stages E_r, S_r, F_r
+    n_stage = n_ef + n_gh + n_gw            # items of one chunk
     n_items = n_chunks * n_stage
     gh_first = C > chunk                    # the longer K first: the stage's tail is a short item
 
@@ -145,9 +151,26 @@ def vocab_ce_row_chunks_kernel(
             if r0 + tr * BLOCK_N < r_hi:
                 lse_and_loss(mt_ptr, st_ptr, chunk, n_v, lse_ptr, zt_ptr, part_l_ptr + r * rt + tr, y_ptr, o_n, o_n - r0,
                              m_n, ignore_index, C, BLOCK_N, BLOCK_P)
-        else:
+        elif q < n_ef:
+            # ---- stage F_r: dz of one tile over its numerators, the tile's grad_b partial
             passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_e + rt)
             q = q - n_e - rt
+            v = q // rt
+            tr = q % rt
+            o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+            m_n = o_n < r_hi
+            if r0 + tr * BLOCK_N < r_hi:
+                o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
+                m_v = o_v < C
+                b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C)
+                b_dz = _dz_tile(e_ptr, mt_ptr, o_n, m_n, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, v, r0)
+                # every column of the padded tile (zero past C): the GEMMs' K loops read whole tiles
+                tl.store(e_ptr + (o_n - r0)[:, None] * C_PAD + o_v[None, :], b_dz.to(dt), mask=m_n[:, None])
+                if HAS_BIAS:
+                    tl.store(gbp_ptr + tr.to(tl.int64) * C_PAD + o_v, tl.sum(b_dz, axis=0))
+        else:
+            passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_ef)
+            q = q - n_ef
             if r == n_chunks - 1:
                 if q == 0:  # every row tile's loss partial is in (the last stage S is done)
                     store_scalar(loss_ptr, sum_vec(part_l_ptr, n_tiles, 1024) * scale)
@@ -168,12 +191,11 @@ def vocab_ce_row_chunks_kernel(
                     m_dc = o_dc < D
                     m_nd = m_n[:, None] & m_dc[None, :]
                     b_acc = tl.zeros([BLOCK_N, BLOCK_DC], dtype=tl.float32)
-                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C)
                     for k0 in range(0, C, BLOCK_K):
                         o_k = k0 + tl.arange(0, BLOCK_K)
                         m_k = o_k < C
-                        b_dz = _dz_tile(e_ptr, mt_ptr, o_n, m_n, o_k, m_k, b_t, m_row, b_rs, b_lse, chunk, C_PAD,
-                                        k0 // BLOCK_V, r0).to(dt)
+                        b_dz = tl.load(e_ptr + (o_n - r0)[:, None] * C_PAD + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                                       other=0.0, cache_modifier=".cg")  # (written by other programs: past L1)
                         b_w = tl.load(w_ptr + o_k.to(tl.int64)[:, None] * D + o_dc[None, :],
                                       mask=m_k[:, None] & m_dc[None, :], other=0.0)
                         b_acc += tile_dot(b_dz, b_w.to(dt), DOT_FP32, PRECISION)
@@ -191,20 +213,15 @@ def vocab_ce_row_chunks_kernel(
                 o_dc = d * BLOCK_DC + tl.arange(0, BLOCK_DC)
                 m_dc = o_dc < D
                 b_acc = tl.zeros([BLOCK_V, BLOCK_DC], dtype=tl.float32)
-                b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
                 for k0 in range(r0, r_hi, BLOCK_K):
                     o_k = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
                     m_k = o_k < r_hi
-                    b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_k, m_k, r0, ignore_index, C)
-                    b_dz32 = _dz_tile(e_ptr, mt_ptr, o_k, m_k, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, j, r0)
-                    b_dz = b_dz32.to(dt)
+                    b_dz = tl.load(e_ptr + (o_k - r0)[:, None] * C_PAD + o_v[None, :], mask=m_k[:, None], other=0.0,
+                                   cache_modifier=".cg")
                     b_hd = relu_in(tl.load(h_ptr + o_k[:, None] * stride_h + o_dc[None, :],
                                            mask=m_k[:, None] & m_dc[None, :], other=0.0), RELU)
                     b_acc += tile_dot(tl.trans(b_dz), b_hd.to(dt), DOT_FP32, PRECISION)
-                    if HAS_BIAS:
-                        b_gb += tl.sum(b_dz32, axis=0)
                 b_acc = b_acc * gscale
-                b_gb = b_gb * gscale
                 p_w = gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :]
                 m_w = m_v[:, None] & m_dc[None, :]
                 if ACCUMULATE:  # onto what .grad held, then onto the earlier chunks (another program's: .cg)
@@ -215,6 +232,14 @@ def vocab_ce_row_chunks_kernel(
                 tl.store(p_w, b_acc.to(gw_ptr.dtype.element_ty), mask=m_w)
                 if HAS_BIAS:
                     if d == 0:
+                        b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
+                        n_rt = tl.cdiv(r_hi - r0, BLOCK_N)  # the chunk's row tiles' partials, fixed order
+                        for t0 in range(0, n_rt, BLOCK_P):
+                            o_t = t0 + tl.arange(0, BLOCK_P)
+                            b_gb += tl.sum(tl.load(gbp_ptr + o_t.to(tl.int64)[:, None] * C_PAD + o_v[None, :],
+                                                   mask=(o_t < n_rt)[:, None] & m_v[None, :], other=0.0,
+                                                   cache_modifier=".cg"), axis=0)
+                        b_gb = b_gb * gscale
                         if r > 0:
                             b_gb += tl.load(gb_acc_ptr + o_v, mask=m_v, other=0.0, cache_modifier=".cg")
                         if r == n_chunks - 1:
