@@ -56,7 +56,8 @@ class LaunchConfig:
                     adds a partial row to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
-    vocab_path:     the vocabulary CE kernel (C > 512). None: "recompute".
+    vocab_path:     the vocabulary CE kernel (C > 512). None: "vocab_chunks" below D = 2048, "row_chunks"
+                    from there (`kernels.plan.default_vocab_path`).
                     "recompute" (vocab_ce.py): nothing of size N x C in memory; the logits are
                     recomputed once per D chunk of grad_h and of grad_W.
                     "vocab_chunks" (vocab_ce_vocab_chunks.py): four GEMM passes; dz goes through an

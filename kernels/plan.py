@@ -193,6 +193,17 @@ def _chunked_blocks(cfg: LaunchConfig, cuda: bool) -> dict:
                 num_stages=cfg.num_stages if cuda else None)
 
 
+# vocab_path=None: "row_chunks" from this D up, else "vocab_chunks". Below it row_chunks' chunk must hold
+# ~SMs x 128 x 128 / D rows to give every program a grad_h tile, several times vocab_chunks' scratch
+# (D = 512: 298 against 62 MB); at D = 4096 both hold ~1.3 GB (docs/tuning.md#vocabulary-ce-paths)
+VOCAB_ROW_CHUNKS_MIN_D = 2048
+
+
+def default_vocab_path(D: int) -> str:
+    """The vocabulary CE kernel a launch with vocab_path=None takes, by the width D of h."""
+    return "row_chunks" if D >= VOCAB_ROW_CHUNKS_MIN_D else "vocab_chunks"
+
+
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
 
@@ -250,8 +261,9 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if p is not None:
         return p
     kind = "dense" if loss != "ce" or C <= DENSE_CE_MAX_C else ("small" if C <= SMALL_CE_MAX_C else "vocab")
-    if kind == "vocab" and cfg.vocab_path in ("vocab_chunks", "row_chunks"):
-        kind = cfg.vocab_path
+    if kind == "vocab":
+        kind = cfg.vocab_path or default_vocab_path(D)
+        kind = "vocab" if kind == "recompute" else kind
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":

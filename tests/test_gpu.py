@@ -677,7 +677,7 @@ def test_data_parallel_shard_refuses_cuda():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = et.LocalChain([nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)], 16, 1, "bce").to(dev)
-        with pytest.raises(NotImplementedError, match="shard=True on CUDA"):
+        with pytest.raises(NotImplementedError, match=r"data_parallel\(shard=True\) on CUDA"):
             data_parallel(model, shard=True)
     finally:
         if own:

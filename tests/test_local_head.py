@@ -58,7 +58,21 @@ def test_relu_activation_matches_reference(loss, N, D, C, dt, bias, occupancy, d
     check(loss, N, D, C, DTYPES[dt], bias, None, device,
           config=LaunchConfig(occupancy=occupancy, deterministic=det), activation="relu")
     kinds = {p.kind for p in klh._PLANS.values()}
-    assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else "vocab"}
+    assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else klh.default_vocab_path(D)}
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_relu_activation_recompute_path(dt, device):
+    # the default vocabulary path is a chunked one (above); the recompute kernel takes the ReLU too
+    klh._PLANS.clear()
+    check("ce", 63, 50, 1000, DTYPES[dt], dt == "fp32", None, device, config=LaunchConfig(vocab_path="recompute"),
+          activation="relu")
+    assert {p.kind for p in klh._PLANS.values()} == {"vocab"}
+
+
+def test_default_vocab_path_follows_the_width():
+    assert [klh.default_vocab_path(D) for D in (64, 512, 2047, 2048, 4096)] == \
+        ["vocab_chunks"] * 3 + ["row_chunks"] * 2
 
 
 @pytest.mark.parametrize("loss,N,D,C,dt,bias,occupancy,det", RELU + [("mse", 63, 130, 17, "fp32", True, None, True)],
