@@ -7,9 +7,9 @@ bandwidth, memory, achieved TFLOP/s.
 --vocab: the CE shapes a language model's head takes, (N, D, V) = (4096, 512, 32000),
 (4096, 4096, 128256), (16384, 256, 256) and the transformer's (b32 s128: N = 4096, D = 256-2048,
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
-benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours`: the default,
-`ours-vocab_chunks` and `ours-row_chunks`: LaunchConfig(vocab_path=...), also at other chunk sizes
-and at occupancy 1/8). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
+benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks` and
+`ours-row_chunks`: LaunchConfig(vocab_path=...), also at other chunk sizes and at occupancy 1/8; `ours`
+where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
 VOCAB_TUNE's tiles, warps and pipelining depths.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
@@ -185,7 +185,9 @@ def main():
         if loss == "ce" and have_cce and args.vocab and not args.tune:
             variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
             variants.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
-        if not args.tune:
+        if args.vocab and C > 512 and not args.tune:  # every vocabulary path by name (the default is one of them)
+            variants.append(("ours-recompute", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="recompute"))))
+        elif not args.tune:
             variants.append(("ours", ours_fn(loss, h, w, b, y)))
         ms_call = N * D * C <= 1e11  # a call takes milliseconds (above: up to a second on the recompute path)
         if args.vocab and C > 512 and not args.tune:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
@@ -211,7 +213,7 @@ def main():
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
                            gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn, fresh_stream=True))
                 # launches and host time (2050 back-to-back calls): only where a call takes milliseconds
-                if name in ("ours", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call \
+                if name in ("ours", "ours-recompute", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call \
                         and not args.tune:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)

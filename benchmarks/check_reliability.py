@@ -1,6 +1,7 @@
 """Is every GPU step clean and does a long run stay flat? The GPU side of the reliability checks.
 
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py steps   # also racecheck, synccheck
+    compute-sanitizer --tool synccheck python3 benchmarks/check_reliability.py steps --models transformer --execs eager
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py heads
     python3 benchmarks/check_reliability.py soak --steps 2000 --out DIR/soak.csv
 
@@ -25,10 +26,11 @@ from erase_triton.bench import ctr_workload, metadata, print_table, transformer_
 from erase_triton.train import training_step
 
 
-def steps():
-    for name, build in (("ctr", lambda: ctr_workload(256, 1024, rows=10_000)),
-                        ("transformer", lambda: transformer_workload(128, 4, 64))):
-        for captured in (False, True):
+def steps(models=("ctr", "transformer"), execs=("eager", "captured")):
+    builds = {"ctr": lambda: ctr_workload(256, 1024, rows=10_000), "transformer": lambda: transformer_workload(128, 4, 64)}
+    for name in models:
+        build = builds[name]
+        for captured in [e == "captured" for e in execs]:
             model, inputs = build()
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
             sched = Scheduler("erase", adaptive=False)
@@ -44,8 +46,9 @@ def steps():
 
 def heads():
     dev = "cuda"
+    # ("ce", 256, 128, 256): the transformer's heads in `steps` (16-bit, C <= 256: the GH_T form)
     cases = [("bce", 1000, 512, 1, None), ("mse", 333, 130, 17, None), ("ce", 777, 64, 40, None),
-             ("ce", 1000, 256, 300, None), ("ce", 513, 128, 5000, "recompute"), ("ce", 513, 128, 5000, "vocab_chunks"),
+             ("ce", 1000, 256, 300, None), ("ce", 256, 128, 256, None), ("ce", 513, 128, 5000, "recompute"), ("ce", 513, 128, 5000, "vocab_chunks"),
              ("ce", 513, 128, 5000, "row_chunks")]
     for loss, N, D, C, path in cases:
         for occ in (1 / 32, 1 / 8, None):
@@ -103,13 +106,16 @@ def main():
     ap.add_argument("what", choices=["steps", "heads", "soak"])
     ap.add_argument("--steps", type=int, default=2000, help="soak: steps per run (a multiple of 100)")
     ap.add_argument("--out", default="soak.csv", help="soak: the CSV")
+    ap.add_argument("--models", nargs="+", choices=["ctr", "transformer"], default=["ctr", "transformer"],
+                    help="steps: which models (to find which step a sanitizer report comes from)")
+    ap.add_argument("--execs", nargs="+", choices=["eager", "captured"], default=["eager", "captured"], help="steps: which")
     a = ap.parse_args()
     if a.steps < 100 or a.steps % 100:
         raise SystemExit(f"--steps: expected a positive multiple of 100, got {a.steps}")
     if not torch.cuda.is_available():
         raise SystemExit("check_reliability.py needs a CUDA device")
     if a.what == "steps":
-        steps()
+        steps(a.models, a.execs)
     elif a.what == "heads":
         heads()
     else:
