@@ -33,6 +33,7 @@ for p in $PARTS; do
                  timeout ${T_SANITIZER:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
                    python3 benchmarks/check_reliability.py $what > "$RES/sanitizer_${tool}_${what}.txt" 2>&1
                  echo "$tool $what: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer_${tool}_${what}.txt") clean summaries)"
+                 grep -m1 -A3 "detected\|Invalid\|Race reported" "$RES/sanitizer_${tool}_${what}.txt"  # the first report, with its kernel
                done; done ;;
     soak)      timeout ${T_SOAK:-600} python3 benchmarks/check_reliability.py soak --steps 2000 --out "$RES/soak.csv" ;;
     # dp: data parallel over every GPU here (world 1 on a one-GPU machine) and the 1-GPU reference
