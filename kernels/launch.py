@@ -63,8 +63,8 @@ class LaunchConfig:
                     "vocab_chunks" (vocab_ce_vocab_chunks.py): four GEMM passes; dz goes through an
                     [N, chunk_size] scratch in h's dtype (and grad_h through an fp32 [N, D] one
                     between chunks).
-                    "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators go
-                    through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
+                    "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators, then
+                    dz, go through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
                     row chunks in its own dtype (one chunk: no extra rounding).
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
     chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks") a chunk, rounded up
