@@ -149,6 +149,17 @@ def sum_vec(ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def sum_rows(ptr, n_rows, stride, o_c, m_c, BLOCK_P: tl.constexpr):
+    # Fixed-order sum over n_rows fp32 partial rows (written by other programs) of columns o_c: BLOCK_P rows a load.
+    b_acc = tl.zeros(o_c.shape, dtype=tl.float32)
+    for t0 in range(0, n_rows, BLOCK_P):
+        o_t = t0 + tl.arange(0, BLOCK_P)
+        b_acc += tl.sum(tl.load(ptr + o_t[:, None] * stride + o_c[None, :],
+                                mask=(o_t < n_rows)[:, None] & m_c[None, :], other=0.0, cache_modifier=".cg"), axis=0)
+    return b_acc
+
+
+@triton.jit
 def reduce_rows(part_ptr, stride_g, G, CD, C, gw_ptr, gb_ptr, loss_ptr, scale, r,
                  HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, WITH_LOSS: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):

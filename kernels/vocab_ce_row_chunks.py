@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, sum_vec, relu_in, relu_out,
-                     logits_tile, pad16, lse_and_loss, store_scalar, grad_scale)
+                     logits_tile, pad16, lse_and_loss, store_scalar, grad_scale, sum_rows)
 
 
 @triton.jit
@@ -40,6 +40,17 @@ def _row_terms(y_ptr, lse_ptr, o_r, m_r, r0, ignore_index, C):
     m_row, b_bad = ce_rows(b_t, m_r, ignore_index, C)
     b_lse = tl.load(lse_ptr + (o_r - r0), mask=m_r, other=0.0, cache_modifier=".cg")
     return b_t, m_row, tl.where(m_row, 1.0, 0.0) + b_bad, b_lse
+
+
+@triton.jit
+def _chunk_tile(q, rt, r0, r_hi, C, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    # item q of stage E_r or F_r: vocabulary tile v, row tile tr of the chunk at row r0; its rows (global
+    # ids) and columns with their masks, and whether the tile has any row (the last chunk may be short)
+    v = q // rt
+    tr = q % rt
+    o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
+    return v, tr, o_n, o_n < r_hi, o_v, o_v < C, r0 + tr * BLOCK_N < r_hi
 
 
 @triton.jit
@@ -123,13 +134,8 @@ def vocab_ce_row_chunks_kernel(
         if q < n_e:
             # ---- stage E_r: numerators e = exp(z - row max) of one tile, the tile's row max and sum
             passed = wait_stage(ctr_ptr + 3, passed, r * n_stage)  # (the previous chunk is done with the scratch)
-            v = q // rt
-            tr = q % rt
-            o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-            m_n = o_n < r_hi
-            if r0 + tr * BLOCK_N < r_hi:
-                o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
-                m_v = o_v < C
+            v, tr, o_n, m_n, o_v, m_v, has_rows = _chunk_tile(q, rt, r0, r_hi, C, BLOCK_N, BLOCK_V)
+            if has_rows:
                 b_z = logits_tile(h_ptr, w_ptr, b_ptr, o_n, m_n, o_v, m_v, D, stride_h,
                                   HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32, PRECISION, RELU)
                 b_z = tl.where(m_v[None, :], b_z, float("-inf"))
@@ -154,14 +160,8 @@ def vocab_ce_row_chunks_kernel(
         elif q < n_ef:
             # ---- stage F_r: dz of one tile over its numerators, the tile's grad_b partial
             passed = wait_stage(ctr_ptr + 3, passed, r * n_stage + n_e + rt)
-            q = q - n_e - rt
-            v = q // rt
-            tr = q % rt
-            o_n = r0 + tr * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-            m_n = o_n < r_hi
-            if r0 + tr * BLOCK_N < r_hi:
-                o_v = v * BLOCK_V + tl.arange(0, BLOCK_V)
-                m_v = o_v < C
+            v, tr, o_n, m_n, o_v, m_v, has_rows = _chunk_tile(q - n_e - rt, rt, r0, r_hi, C, BLOCK_N, BLOCK_V)
+            if has_rows:
                 b_t, m_row, b_rs, b_lse = _row_terms(y_ptr, lse_ptr, o_n, m_n, r0, ignore_index, C)
                 b_dz = _dz_tile(e_ptr, mt_ptr, o_n, m_n, o_v, m_v, b_t, m_row, b_rs, b_lse, chunk, C_PAD, v, r0)
                 # every column of the padded tile (zero past C): the GEMMs' K loops read whole tiles
@@ -232,14 +232,8 @@ def vocab_ce_row_chunks_kernel(
                 tl.store(p_w, b_acc.to(gw_ptr.dtype.element_ty), mask=m_w)
                 if HAS_BIAS:
                     if d == 0:
-                        b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
-                        n_rt = tl.cdiv(r_hi - r0, BLOCK_N)  # the chunk's row tiles' partials, fixed order
-                        for t0 in range(0, n_rt, BLOCK_P):
-                            o_t = t0 + tl.arange(0, BLOCK_P)
-                            b_gb += tl.sum(tl.load(gbp_ptr + o_t.to(tl.int64)[:, None] * C_PAD + o_v[None, :],
-                                                   mask=(o_t < n_rt)[:, None] & m_v[None, :], other=0.0,
-                                                   cache_modifier=".cg"), axis=0)
-                        b_gb = b_gb * gscale
+                        # the chunk's row tiles' partials, fixed order
+                        b_gb = sum_rows(gbp_ptr, tl.cdiv(r_hi - r0, BLOCK_N), C_PAD, o_v, m_v, BLOCK_P) * gscale
                         if r > 0:
                             b_gb += tl.load(gb_acc_ptr + o_v, mask=m_v, other=0.0, cache_modifier=".cg")
                         if r == n_chunks - 1:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .common import (claim, item_done, wait_stage, exit_grid, count_targets, ce_rows, tile_dot, store_grad, sum_vec, relu_in,
-                     relu_out, logits_tile, pad16, lse_and_loss, store_scalar, grad_scale)
+                     relu_out, logits_tile, pad16, lse_and_loss, store_scalar, grad_scale, sum_rows)
 
 
 @triton.jit(do_not_specialize=["N", "ignore_index", "n_tiles", "n_groups", "tiles_per_group", "n_programs"])
@@ -188,14 +188,9 @@ def vocab_ce_vocab_chunks_kernel(
                         store_grad(gw_ptr + o_v.to(tl.int64)[:, None] * D + o_dc[None, :], b_acc * gscale,
                                    m_v[:, None] & m_dc[None, :], ACCUMULATE)
                         if HAS_BIAS:
-                            if d == 0:
-                                b_gb = tl.zeros([BLOCK_V], dtype=tl.float32)
-                                for t0 in range(0, n_tiles, BLOCK_P):  # BLOCK_P row tiles' partials a load
-                                    o_t = t0 + tl.arange(0, BLOCK_P)
-                                    b_gb += tl.sum(tl.load(gbp_ptr + o_t[:, None] * chunk + o_j[None, :],
-                                                           mask=(o_t < n_tiles)[:, None] & m_v[None, :], other=0.0,
-                                                           cache_modifier=".cg"), axis=0)
-                                store_grad(gb_ptr + o_v, b_gb, m_v, ACCUMULATE)
+                            if d == 0:  # the row tiles' partials, fixed order
+                                store_grad(gb_ptr + o_v, sum_rows(gbp_ptr, n_tiles, chunk, o_j, m_v, BLOCK_P), m_v,
+                                           ACCUMULATE)
                 else:
                     # ---- stage G_c: grad_h[row tile t, D tile d] += dz[t, chunk] W[chunk, d]
                     t = q // n_d
