@@ -102,12 +102,6 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
                          "torch.nn.parallel.DistributedDataParallel")
     if not isinstance(shard, bool):
         raise TypeError(f"shard must be a bool, got {shard!r}")
-    if shard and any(p.is_cuda for p in model.parameters()):
-        # (tests/test_gpu.py::test_data_parallel_nccl_equals_the_union_batch, one H200, world size 1)
-        raise NotImplementedError(
-            "data_parallel(shard=True) on CUDA: under NCCL the sharded segments' parameters after the optimizer "
-            "step differed from the single-process run (their gradients matched), so it is refused until that "
-            "is understood; use shard=False (replicated segments, tested with NCCL in every mode)")
     world = dist.get_world_size(process_group)
     fused = [m for m in model.modules() if isinstance(m, FusedSGDEmbeddings)]
     if broadcast and world > 1:

@@ -69,9 +69,7 @@ WARMUP = 3  # Scheduler.capture's warm-up steps (they train, on the first batch)
 
 
 def cases() -> dict:
-    if device().type == "cuda":  # data_parallel(shard=True) refuses CUDA (its parameters went wrong under NCCL)
-        return {**{k: v for k, v in CASES.items() if "sharded" not in k}, **CAPTURED}
-    return CASES
+    return {**CASES, **CAPTURED} if device().type == "cuda" else CASES
 
 
 def train(case: str, inputs_of, dp: bool):
@@ -91,7 +89,9 @@ def train(case: str, inputs_of, dp: bool):
     opt = torch.optim.SGD(param_groups(model), lr=0.05, momentum=0.9, foreach=True)
     sched = Scheduler(mode, optimizer=opt if early else None, adaptive=False)
     step_fn = training_step(model, opt, step_optimizer=not early)
-    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t.clone()  # noqa: E731  (FSDP: a collective)
+    # FSDP's DTensors: full_tensor() is a collective, and at world size 1 it returns the local shard
+    # itself, which the next optimizer step overwrites: clone
+    full = lambda t: (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()  # noqa: E731
     record = lambda: ({k: full(p.grad) for k, p in model.named_parameters() if p.grad is not None},  # noqa: E731
                       {k: full(p.detach()) for k, p in model.named_parameters()})
     out = []

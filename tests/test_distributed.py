@@ -93,3 +93,26 @@ def test_bench_data_parallel_summary(tmp_path):
     assert float(s["scaling_erase"]) == pytest.approx(2.0) and float(s["scaling_e2e"]) == pytest.approx(1.9)
     assert float(s["erase_over_e2e_1"]) == pytest.approx(1.2)
     assert float(s["change"]) == pytest.approx(240 / 190 - 1.2)
+
+
+def test_sharded_at_world_size_one_equals_the_plain_run():
+    # one rank: FSDP's full_tensor() is then the parameter's own storage (the harness clones it; without
+    # that, every recorded step showed the last step's parameters, which once looked like a CUDA bug)
+    import torch.distributed as dist
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for case in ("mlp-erase-sharded", "mlp-erase-early-sharded", "transformer-sequential-sharded"):
+            ref = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=False)
+            got = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=True)
+            for step, ((g0, p0), (g1, p1)) in enumerate(zip(ref, got)):
+                assert g1.keys() == g0.keys(), (case, step)
+                for k in p0:
+                    torch.testing.assert_close(p1[k], p0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} {k}")
+                for k in g0:
+                    torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} grad {k}")
+    finally:
+        if own:
+            dist.destroy_process_group()

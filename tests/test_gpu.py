@@ -667,23 +667,6 @@ def test_capture_accepts_a_step_fn_that_opens_the_step_itself():
         torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_data_parallel_shard_refuses_cuda():
-    # shard=True gave wrong parameters under NCCL (docs/api.md#many-gpus): refused on CUDA, with a message
-    import torch.distributed as dist
-    from erase_triton.distributed import data_parallel
-
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = et.LocalChain([nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)], 16, 1, "bce").to(dev)
-        with pytest.raises(NotImplementedError, match=r"data_parallel\(shard=True\) on CUDA"):
-            data_parallel(model, shard=True)
-    finally:
-        if own:
-            dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_data_parallel_nccl_equals_the_union_batch(world, tmp_path):
     # NCCL, one process a GPU: e2e / sequential / erase, eager and captured, early updates, fused-SGD
