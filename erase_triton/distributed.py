@@ -114,7 +114,8 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
     skip = {id(m.weight) for m in fused}
     # parameters FSDP manages (DTensors: sharded here or by the caller) have their gradients reduced by FSDP
     params = tuple(p for p in model.parameters() if p.requires_grad and id(p) not in skip and not isinstance(p, DTensor))
-    dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params)
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    dp = DataParallelGroup(process_group, world, dist.get_rank(process_group), params, sharded=sharded)
     for h in heads:
         h.data_parallel = dp
     for m in fused:

@@ -116,3 +116,32 @@ def test_sharded_at_world_size_one_equals_the_plain_run():
     finally:
         if own:
             dist.destroy_process_group()
+
+
+def test_capture_of_a_sharded_model_is_refused(monkeypatch):
+    # FSDP's gathers and frees run in Python hooks, which a graph replay skips: refused before any collective
+    import torch.distributed as dist
+    from fake_cuda import fake_cuda, fake_graphs
+
+    from erase_triton import Scheduler
+    from erase_triton.distributed import data_parallel
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = data_parallel(dp_cases.build("mlp"), shard=True)
+        x, y = dp_cases.batch("mlp", 0, 0)
+        with Scheduler("erase").step():  # eager: fine
+            model(x, y)
+        fake_graphs(monkeypatch, fake_cuda(monkeypatch, lambda name: True))
+        sched = Scheduler("erase")
+        with pytest.raises(NotImplementedError, match=r"shard=True.*run sharded steps eagerly"):
+            sched.capture(lambda a, b: model(a, b), x, y, warmup=1)
+        monkeypatch.undo()
+        assert not sched._capture_owns_step
+        with Scheduler("erase").step():  # the model still trains eagerly
+            model(x, y)
+    finally:
+        if own:
+            dist.destroy_process_group()

@@ -20,6 +20,7 @@ class DataParallelGroup:
     rank: int
     params: tuple = ()  # the model's parameters whose .grad is averaged (FusedSGDEmbeddings' weights excluded)
     local: bool = False  # a rank-local model (`local_only`): no collectives
+    sharded: bool = False  # some segment bodies are FSDP's (fully_shard): not capturable
 
 
 def all_reduce_grads(params, dp: DataParallelGroup) -> int:

@@ -60,6 +60,12 @@ class SegmentUpdates:
         dp = head.data_parallel
         if dp is None or dp.local:
             return None
+        if dp.sharded and self._capture_owns_step:
+            # FSDP2 gathers and frees the bodies' parameters in Python hooks, which a graph's replay skips
+            raise NotImplementedError(
+                "Scheduler.capture of a model whose segment bodies are sharded (data_parallel(model, shard=True) "
+                "or fully_shard): FSDP gathers and frees their parameters in Python hooks, which a CUDA graph "
+                "does not replay. Capture a replicated model (data_parallel(model)) or run sharded steps eagerly")
         if st.dp is None:
             st.dp = dp
         elif st.dp is not dp:
