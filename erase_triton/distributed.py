@@ -83,8 +83,8 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
     its own root with `reshard_after_forward=False` (its backward follows its forward at once): the
     body's parameters are sharded and its gradients reduce-scattered by FSDP when its backward ends;
     the heads' gradients (and any parameter outside a body) are still averaged by the scheduler.
-    For models too large to replicate; CPU (gloo) only for now: on CUDA it raises NotImplementedError
-    (docs/api.md#many-gpus). Bodies holding a `FusedSGDEmbeddings` stay replicated. Build
+    For models too large to replicate; eager steps only (`Scheduler.capture` raises). Tested with gloo;
+    not yet run with NCCL (docs/api.md#many-gpus). Bodies holding a `FusedSGDEmbeddings` stay replicated. Build
     the optimizer over `param_groups(model)`: a foreach optimizer step (the default on CUDA) cannot
     take sharded and replicated parameters in one group.
     broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does), before sharding.
