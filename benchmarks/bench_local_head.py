@@ -142,6 +142,49 @@ def _have(module: str) -> bool:
         return False
 
 
+def tune_variants(loss, h, w, b, y) -> list:
+    """--vocab --tune: each chunked path at its defaults and over VOCAB_TUNE."""
+    out = []
+    for path in CHUNK_SIZES:
+        out.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
+        for bn, bv, bd, nw, ns in VOCAB_TUNE:
+            cfg = LaunchConfig(vocab_path=path, block_n=bn, block_v=bv, block_d=bd, num_warps=nw, num_stages=ns)
+            out.append((f"ours-{path} block_n={bn},block_v={bv},block_d={bd},num_warps={nw},num_stages={ns}",
+                        ours_fn(loss, h, w, b, y, cfg)))
+    return out
+
+
+def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cce, ms_call) -> list:
+    """The baselines that install, our head (every vocabulary path by name where C > 512) and its tuning rows."""
+    out = []
+    if not args.no_compile and ((loss, N, D, C) in COMPILED or args.vocab):
+        comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
+        out.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
+    if loss == "ce" and have_liger:
+        out.append(("liger", liger_fn(h, w, b, y)))
+    if loss == "ce" and have_cce and args.vocab:
+        out.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
+        out.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
+    if args.vocab and C > 512:  # every vocabulary path by name (the default is one of them), chunk sizes, 1/8 of the SMs
+        out.append(("ours-recompute", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="recompute"))))
+        for path, sizes in CHUNK_SIZES.items():
+            out.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
+            for size in sizes:
+                out.append((f"ours-{path} chunk_size={size}",
+                            ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
+        for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
+            out.append((f"ours-{path} occupancy=0.125", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
+    else:
+        out.append(("ours", ours_fn(loss, h, w, b, y)))
+    tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 and not args.vocab else []
+    for kw in tune:
+        out.append(("ours " + ",".join(f"{k}={v}" for k, v in kw.items()), ours_fn(loss, h, w, b, y, LaunchConfig(**kw))))
+    if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16 and not args.vocab:
+        for occ in OCC:
+            out.append((f"ours occupancy={occ:g}", ours_fn(loss, h, w, b, y, LaunchConfig(occupancy=occ))))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/local_head.csv")
@@ -169,43 +212,10 @@ def main():
         nbytes = 2 * N * D * e + 2 * C * D * e + y.numel() * y.element_size()
         flops = 3 * 2 * N * D * C
         floor_us = max(nbytes / (bw * 1e9), flops / (MATMUL_TFLOPS * 1e12)) * 1e6
-        variants = [("torch", torch_fn(loss, h, w, b, y))]
-        if args.tune:
-            for path in CHUNK_SIZES:
-                variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
-                for bn, bv, bd, nw, ns in VOCAB_TUNE:
-                    cfg = LaunchConfig(vocab_path=path, block_n=bn, block_v=bv, block_d=bd, num_warps=nw, num_stages=ns)
-                    variants.append((f"ours-{path} block_n={bn},block_v={bv},block_d={bd},num_warps={nw},num_stages={ns}",
-                                     ours_fn(loss, h, w, b, y, cfg)))
-        if not args.no_compile and not args.tune and ((loss, N, D, C) in COMPILED or args.vocab):
-            comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
-            variants.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
-        if loss == "ce" and have_liger and not args.tune:
-            variants.append(("liger", liger_fn(h, w, b, y)))
-        if loss == "ce" and have_cce and args.vocab and not args.tune:
-            variants.append(("cut-cross-entropy", cce_fn(h, w, b, y)))
-            variants.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
-        if args.vocab and C > 512 and not args.tune:  # every vocabulary path by name (the default is one of them)
-            variants.append(("ours-recompute", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="recompute"))))
-        elif not args.tune:
-            variants.append(("ours", ours_fn(loss, h, w, b, y)))
         ms_call = N * D * C <= 1e11  # a call takes milliseconds (above: up to a second on the recompute path)
-        if args.vocab and C > 512 and not args.tune:  # the vocabulary CE paths (LaunchConfig.vocab_path), chunk sizes, 1/8 of the SMs
-            for path, sizes in CHUNK_SIZES.items():
-                variants.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
-                for size in sizes:
-                    variants.append((f"ours-{path} chunk_size={size}",
-                                     ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
-            for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
-                variants.append((f"ours-{path} occupancy=0.125",
-                                 ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
-        tune = TUNE.get((loss, N, D, C), []) if dtype == torch.bfloat16 and not args.vocab else []
-        for kw in tune:
-            variants.append(("ours " + ",".join(f"{k}={v}" for k, v in kw.items()), ours_fn(loss, h, w, b, y, LaunchConfig(**kw))))
-        if (loss, N, D, C) in (("bce", 65536, 1024, 1), ("ce", 4096, 512, 32000)) and dtype == torch.bfloat16 \
-                and not args.vocab:
-            for occ in OCC:
-                variants.append((f"ours occupancy={occ:g}", ours_fn(loss, h, w, b, y, LaunchConfig(occupancy=occ))))
+        variants = [("torch", torch_fn(loss, h, w, b, y))]
+        variants += (tune_variants(loss, h, w, b, y) if args.tune else
+                     compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cce, ms_call))
         for name, fn in variants:
             try:
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
