@@ -7,9 +7,9 @@ bandwidth, memory, achieved TFLOP/s.
 --vocab: the CE shapes a language model's head takes, (N, D, V) = (4096, 512, 32000),
 (4096, 4096, 128256), (16384, 256, 256) and the transformer's (b32 s128: N = 4096, D = 256-2048,
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
-benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks` and
-`ours-row_chunks`: LaunchConfig(vocab_path=...), also at other chunk sizes and at occupancy 1/8; `ours`
-where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
+benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
+`ours-row_chunks` and `ours-cublas`: LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
+paths at occupancy 1/8; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
 VOCAB_TUNE's tiles, warps and pipelining depths.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
@@ -118,6 +118,7 @@ OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
 CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096]}  # besides the host rule's
+CUBLAS_ROWS = [256, 2048, 4096]  # vocab_path="cublas": rows a chunk, besides the host rule's (at least 1024)
 # --vocab --tune: tiles, warps and pipelining depth of the chunked paths (block_n, block_v, block_d, num_warps, num_stages)
 VOCAB_TUNE = [(128, 128, 128, 8, s) for s in (2, 4, 5)] + [
     (128, 256, 128, 8, 3), (128, 128, 256, 8, 3), (64, 128, 128, 4, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4)]
@@ -172,6 +173,10 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
             for size in sizes:
                 out.append((f"ours-{path} chunk_size={size}",
                             ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
+        out.append(("ours-cublas", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas"))))
+        for size in CUBLAS_ROWS:
+            out.append((f"ours-cublas chunk_size={size}",
+                        ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", chunk_size=size))))
         for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
             out.append((f"ours-{path} occupancy=0.125", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
     else:
@@ -223,7 +228,7 @@ def main():
                            us=ms * 1e3, floor_us=floor_us, pct_of_floor=100 * floor_us / (ms * 1e3),
                            gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12, peak_mb=peak_mb(fn, fresh_stream=True))
                 # launches and host time (2050 back-to-back calls): only where a call takes milliseconds
-                if name in ("ours", "ours-recompute", "ours-vocab_chunks", "ours-row_chunks", "torch") and N <= 4096 and ms_call \
+                if name in ("ours", "ours-recompute", "ours-vocab_chunks", "ours-row_chunks", "ours-cublas", "torch") and N <= 4096 and ms_call \
                         and not args.tune:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)

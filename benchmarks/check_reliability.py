@@ -7,8 +7,8 @@
 
 steps: one eager and one captured erase step (adaptive=False: every detach point forks) of the CTR
 proxy and of the transformer, at small sizes (the sanitizer slows kernels 10-100x).
-heads: every head kernel (dense BCE/MSE, small-vocabulary CE in both grad_h forms, vocabulary CE; deterministic and
-atomic) at a few shapes, at occupancy 1/32 (one program can hold most of the work), 1/8 and 1.
+heads: every head kernel (dense BCE/MSE, small-vocabulary CE in both grad_h forms, every vocabulary CE path;
+deterministic and atomic) at a few shapes, at occupancy 1/32 (one program can hold most of the work), 1/8 and 1.
 soak: the CTR proxy trained with graphed and with eager erase for --steps steps; device memory
 (allocated and reserved) and the loss every 100 steps; the summary row says whether memory after
 the last step is within 1% of memory after step 100 and every loss is finite.
@@ -49,7 +49,7 @@ def heads():
     # ("ce", 256, 128, 256): the transformer's heads in `steps` (16-bit, C <= 256: the GH_T form)
     cases = [("bce", 1000, 512, 1, None), ("mse", 333, 130, 17, None), ("ce", 777, 64, 40, None),
              ("ce", 1000, 256, 300, None), ("ce", 256, 128, 256, None), ("ce", 513, 128, 5000, "recompute"),
-             ("ce", 513, 128, 5000, "vocab_chunks"), ("ce", 513, 128, 5000, "row_chunks")]
+             ("ce", 513, 128, 5000, "vocab_chunks"), ("ce", 513, 128, 5000, "row_chunks"), ("ce", 513, 128, 5000, "cublas")]
     for loss, N, D, C, path in cases:
         for occ in (1 / 32, 1 / 8, None):
             for det in (True, False):

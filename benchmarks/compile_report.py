@@ -28,7 +28,7 @@ from erase_triton.kernels import plan as kplan  # noqa: E402
 
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
-_PTRS = {"h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
+_PTRS = {"z_ptr": "h", "scale_ptr": "fp32", "h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
          "loss_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 
@@ -37,6 +37,10 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
     import torch
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic, vocab_path=vocab_path)
+    if vocab_path == "cublas" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # the Triton kernel between its GEMMs
+        from erase_triton.kernels.vocab_ce_cublas import CublasLaunch, softmax_dz_kernel
+        hl = CublasLaunch(1024, True, -100, False, False, True, C, True, False)
+        return kplan._Plan(softmax_dz_kernel, "cublas", dict(HAS_BIAS=True, MEAN=True, BLOCK=hl.block), hl.num_warps)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan
@@ -89,12 +93,13 @@ def main():
     ap.add_argument("--wdtype", default=None, choices=list(_DT), help="the weight's dtype (default: --dtype)")
     ap.add_argument("--occupancy", type=float, default=None)
     ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS), help="C > 512: which vocabulary kernel")
+    ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS),
+                    help="C > 512: which vocabulary kernel (cublas: its softmax kernel)")
     ap.add_argument("--set", nargs="*", default=[], help="constexpr overrides, NAME=VALUE")
     args = ap.parse_args()
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
-    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
+    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
     r = report(plan, args.dtype, over, ints, wdtype=args.wdtype)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0

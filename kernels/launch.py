@@ -16,7 +16,7 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
-VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks")
+VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas")
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):
@@ -66,11 +66,17 @@ class LaunchConfig:
                     "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators, then
                     dz, go through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
                     row chunks in its own dtype (one chunk: no extra rounding).
+                    "cublas" (vocab_ce_cublas.py): the three GEMMs by cuBLAS and one Triton kernel
+                    (softmax and dz) a chunk of rows, through an [chunk_size, C] scratch of logits in
+                    h's dtype (rounded there, as eager PyTorch rounds them); several launches, no host
+                    sync; bf16 or fp32 inputs with weight and bias in h's dtype; the whole device
+                    whatever the occupancy (cuBLAS picks its grid). Never taken by None.
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
-    chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks") a chunk, rounded up
+    chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk, rounded up
                     to the kernel's tile. None: the host rule, a scratch of at most
                     max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
-                    least enough rows to give every program a grad_h tile (`kernels.plan.chunk_size_for`).
+                    least enough rows to give every program a grad_h tile, and "cublas" at least
+                    1024 rows (`kernels.plan.chunk_size_for`).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight

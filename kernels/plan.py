@@ -15,6 +15,7 @@ from .dense_head import dense_head_kernel
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
+from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs, softmax_dz_kernel
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
@@ -206,11 +207,13 @@ def default_vocab_path(D: int) -> str:
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
+# vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned) and their rounding
+CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE = 1024, 64
 
 
 def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,
                    least: int = 0) -> int:
-    """Columns ("vocab_chunks") or rows ("row_chunks") a chunk: cfg.chunk_size rounded up to `tile`, else
+    """Columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk: cfg.chunk_size rounded up to `tile`, else
     as many as a scratch of max(16 MiB, grad_W bytes / 4) holds or `least` if more, then evened out over
     the chunks that makes; never more than the whole (padded) extent."""
     whole, across = (C, N) if path == "vocab_chunks" else (N, _cdiv(C, tile) * tile)
@@ -264,6 +267,8 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if kind == "vocab":
         kind = cfg.vocab_path or default_vocab_path(D)
         kind = "vocab" if kind == "recompute" else kind
+        if kind == "cublas":
+            raise ValueError("vocab_path='cublas' is not one Triton kernel: prepare_launch builds its CublasLaunch")
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":
@@ -378,7 +383,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                    store_act: bool = False) -> HeadLaunch:
     """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
     relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
-    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says)."""
+    store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says).
+    A CE head with C > SMALL_CE_MAX_C and vocab_path="cublas" gets a `CublasLaunch` (called alike)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -386,6 +392,15 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if cuda and _device_index(dev) != torch.cuda.current_device():
         raise ValueError(f"h is on {dev} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
                          f"call torch.cuda.set_device({dev}) or use `with torch.cuda.device(...)`")
+    if loss == "ce" and C > SMALL_CE_MAX_C and cfg.vocab_path == "cublas":
+        check_cublas_inputs(h2, weight, bias, cfg)
+        chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
+                               least=CUBLAS_MIN_ROWS)
+        hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON)
+        # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
+        _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
+                          _Plan(softmax_dz_kernel, "cublas", {}, hl.num_warps))
+        return hl
     ws = _workspace(dev)
     has_bias = bias is not None
     dot_fp32 = interpreting()

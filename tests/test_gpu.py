@@ -155,6 +155,19 @@ def test_chunked_vocab_kernel_at_scale(path, N, D, C, dtype, occupancy, chunk, a
     assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
+@pytest.mark.parametrize("N,D,C,dtype,occupancy,chunk,activation", [
+    (4096, 512, 32000, torch.bfloat16, None, None, None),
+    (4096, 512, 32000, torch.bfloat16, 0.125, None, "relu"),  # occupancy: not used (cuBLAS' grid)
+    (2048, 256, 131072, torch.bfloat16, None, None, None),
+    (3001, 130, 1000, torch.float32, None, 1024, None),  # three chunks, the last one short
+    (4099, 1024, 50257, torch.bfloat16, None, 1024, "relu"),  # odd C: unaligned rows of the logits scratch
+])
+def test_cublas_vocab_path_at_scale(N, D, C, dtype, occupancy, chunk, activation):
+    klh._PLANS.clear()
+    check_at_scale("ce", N, D, C, dtype, occupancy, activation, vocab_path="cublas", chunk_size=chunk)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
+
+
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [
     (8192, 512, 512, torch.bfloat16, None),
     (8192, 512, 512, torch.bfloat16, 0.125),

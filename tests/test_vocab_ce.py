@@ -34,7 +34,7 @@ def test_ce_fp16_gradients_of_many_rows_do_not_underflow(path, device):
 # 16-bit inputs with C <= 256 take the grad_h^T = W^T dz^T form (GH_T), the others dz W.
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees the NaN made
 @pytest.mark.parametrize("C,kind", [(5, "dense"), (100, "small"), (1000, "vocab"), (1000, "vocab_chunks"),
-                                    (1000, "row_chunks")])
+                                    (1000, "row_chunks"), (1000, "cublas")])
 def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     # ids >= C and negative ids other than ignore_index: no out-of-bounds read (the vocabulary kernel
     # gathers W[t]), a NaN loss and NaN gradients where the row reaches, every other row as before
@@ -43,7 +43,8 @@ def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     y_bad = y.clone()
     y_bad[3], y_bad[7] = C, -1
     klh._PLANS.clear()
-    cfg = LaunchConfig(vocab_path=kind if kind.endswith("_chunks") else "recompute" if kind == "vocab" else None)
+    cfg = LaunchConfig(vocab_path=kind if kind.endswith("_chunks") or kind == "cublas" else
+                       "recompute" if kind == "vocab" else None)
     out = fused_local_head(h, w, b, y_bad, loss="ce", backend="triton", config=cfg)
     assert {p.kind for p in klh._PLANS.values()} == {kind}
     assert torch.isnan(out.loss)
@@ -122,6 +123,12 @@ def test_chunk_size_rule():
     assert rule("row_chunks", 4096, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096
     assert rule("row_chunks", 8192, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096  # two even chunks
     assert rule("row_chunks", 4096, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
+    # cublas: rows in 64s, at least CUBLAS_MIN_ROWS (1024) a chunk; all rows where fewer
+    least, t = klh.CUBLAS_MIN_ROWS, klh.CUBLAS_ROW_TILE
+    assert rule("cublas", 4096, 128256, 4096, 2, 2, t, cfg, least=least) == 1024  # the budget: a quarter of grad_W
+    assert rule("cublas", 4096, 32000, 512, 2, 2, t, cfg, least=least) == 1024  # the floor, above 16 MiB's 256 rows
+    assert rule("cublas", 300, 1000, 40, 2, 2, t, cfg, least=least) == 320
+    assert rule("cublas", 4096, 32000, 512, 2, 2, t, LaunchConfig(chunk_size=100), least=least) == 128
 
 
 @pytest.mark.parametrize("kw,match", [(dict(vocab_path="fast"), "vocab_path must be one of"),
@@ -171,3 +178,62 @@ def test_combine_lse_over_several_loads(n_parts, device):
     _combine_lse_kernel[(1,)](m.to(device), s.to(device), out, 24, n_parts, 20, BLOCK_R=32, BLOCK_P=4)
     ref = torch.logsumexp(m.double() + s.double().log(), dim=0)[:20]
     torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-6, atol=1e-5)
+
+
+# vocab_path="cublas" (kernels/vocab_ce_cublas.py): cuBLAS GEMMs (torch.mm; on the CPU, torch's own) around one
+# Triton kernel a chunk. The chunked paths' cases in bf16 and fp32 (fp16 is refused: below), one chunk and several
+# (rows rounded up to 64: 300 rows in chunks of 128 = 2 x 128 + 44), one row and sum reduction; with occupancy,
+# which it does not use.
+CUBLAS = [c for c in CHUNKED if c[3] != "fp16"] + [(300, 40, 1000, "bf16", True, None, (None, 64), None, "sum")]
+
+
+@pytest.mark.parametrize("N,D,C,dt,bias,occupancy,chunks,activation,reduction", CUBLAS,
+                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-rows{c[6][1]}-{c[8]}" for c in CUBLAS])
+def test_cublas_vocab_matches_reference(N, D, C, dt, bias, occupancy, chunks, activation, reduction, device):
+    klh._PLANS.clear()
+    cfg = LaunchConfig(occupancy=occupancy, vocab_path="cublas", chunk_size=chunks[1])
+    check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction, config=cfg, activation=activation)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
+
+
+def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
+    # 300 rows in chunks of 128: three softmax launches of 128, 128 and 44 programs
+    import erase_triton.kernels.vocab_ce_cublas as kc
+
+    grids = []
+    real = kc.softmax_dz_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kc, "softmax_dz_kernel", Spy())
+    check("ce", 300, 40, 1000, torch.float32, True, None, device, config=LaunchConfig(vocab_path="cublas", chunk_size=100))
+    assert grids == [(128,), (128,), (44,)]
+
+
+def test_cublas_vocab_is_bitwise_reproducible(device):
+    h, w, b, y = make("ce", 300, 40, 1000, torch.bfloat16, True, device)
+    cfg = LaunchConfig(vocab_path="cublas", chunk_size=128)
+    a = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+    again = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+    for x, z in zip(a, again):
+        assert torch.equal(x, z)
+
+
+@pytest.mark.parametrize("what,match", [("fp16", "takes bf16 or fp32 h"), ("weight", "needs weight in h's dtype"),
+                                        ("bias", "needs bias in h's dtype"), ("precision", "fp32_precision does not apply")])
+def test_cublas_vocab_refuses_what_it_cannot_run(what, match, device):
+    h, w, b, y = make("ce", 40, 32, 1000, torch.float32, True, device)
+    cfg = LaunchConfig(vocab_path="cublas")
+    if what == "fp16":
+        h, w, b = h.half(), w.half(), b.half()
+    elif what == "weight":
+        h, b = h.bfloat16(), b.bfloat16()
+    elif what == "bias":
+        h, w = h.bfloat16(), w.bfloat16()
+    else:
+        cfg = LaunchConfig(vocab_path="cublas", fp32_precision="ieee")
+    with pytest.raises(ValueError, match=match):
+        fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)

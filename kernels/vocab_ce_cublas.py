@@ -1,0 +1,144 @@
+"""The cuBLAS vocabulary CE path: "ce" with C > 512 as three cuBLAS GEMMs and one Triton kernel a chunk of rows.
+
+The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 380-436
+TFLOP/s on the H200, against about 620 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands
+the GEMMs to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. Per chunk of rows
+(host-sized, `plan.chunk_size_for`):
+
+  z        = relu?(h_c) W^T          cuBLAS, into an [R, C] scratch in h's dtype
+  softmax_dz_kernel (one program a row): lse of z + b (online over column blocks), the row's loss,
+             dz = s * (softmax - onehot(t)) written over z in h's dtype (s: 1 / counted rows for a mean)
+  grad_h_c = dz W                    cuBLAS, straight into grad_h's rows
+  grad_W  += dz^T relu?(h_c)          cuBLAS (addmm: one rounding to grad_W's dtype a chunk, as row_chunks)
+  grad_b  += column sums of dz        in fp32, rounded once at the end
+
+What it costs against the Triton paths: the logits are rounded to h's dtype before the softmax (as
+eager PyTorch's bf16 Linear rounds them), several launches a call (no host sync: it is capturable),
+and cuBLAS picks its own grid, so `occupancy` does not apply (it takes the whole device). Inputs: bf16
+or fp32 (fp32 GEMMs follow torch.backends.cuda.matmul.allow_tf32, like a Linear); fp16 is refused,
+since dz is scaled before it is rounded and fp16 would flush a large vocabulary's dz to zero (the
+Triton paths scale the fp32 sums instead). Deterministic: cuBLAS GEMMs and torch's sums are
+run-to-run reproducible on one device, and the kernel has no atomics.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import grad_scale
+
+__all__ = ["CublasLaunch", "check_cublas_inputs", "softmax_dz_kernel"]
+
+
+@triton.jit
+def softmax_dz_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_index,
+                      HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    # row r of the chunk: z (logits without the bias) in, dz out, in place; the row's unscaled loss to loss_ptr[r]
+    r = tl.program_id(0)
+    row = z_ptr + r.to(tl.int64) * stride_z
+    t = tl.load(y_ptr + r)
+    counts = t != ignore_index
+    bad = tl.where(counts & ((t < 0) | (t >= C)), float("nan"), 0.0)  # a class id outside [0, C): NaN (common.ce_rows)
+    o = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    zt = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK):  # per lane: running max and sum of exp, and the target's logit
+        cols = c0 + o
+        mc = cols < C
+        z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, z)
+        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane of padding only: max -inf, sum 0 (no -inf - -inf)
+        s = s * tl.exp(m - ref) + tl.exp(z - ref)
+        m = m_new
+        zt += tl.where(cols == t, z, 0.0)
+    mx = tl.max(m, 0)
+    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), 0))
+    tl.store(loss_ptr + r, tl.where(counts, lse - tl.sum(zt, 0), 0.0) + bad)
+    scale = 1.0
+    if MEAN:
+        scale = grad_scale(tl.load(scale_ptr))  # 0 where every row is ignored (scale = 1 / 0)
+    f = tl.where(counts, scale, 0.0) + bad
+    for c0 in range(0, C, BLOCK):
+        cols = c0 + o
+        mc = cols < C
+        z = tl.load(row + cols, mask=mc, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+        dz = f * (tl.exp(z - lse) - tl.where(cols == t, 1.0, 0.0))
+        tl.store(row + cols, dz.to(z_ptr.dtype.element_ty), mask=mc)
+
+
+def check_cublas_inputs(h, weight, bias, cfg) -> None:
+    """The inputs vocab_path="cublas" takes; ValueError naming what to change otherwise."""
+    if h.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"vocab_path='cublas' takes bf16 or fp32 h, got {h.dtype}: its dz is scaled before it is "
+                         "rounded, which flushes a large vocabulary's fp16 gradients to zero; use vocab_path='row_chunks'")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != h.dtype:
+            raise ValueError(f"vocab_path='cublas' needs {name} in h's dtype ({h.dtype}), got {t.dtype}: cuBLAS "
+                             "multiplies one dtype; cast it, or use a Triton path (vocab_path=None)")
+    if cfg.fp32_precision is not None:
+        raise ValueError("fp32_precision does not apply to vocab_path='cublas': its fp32 GEMMs follow "
+                         "torch.backends.cuda.matmul.allow_tf32; leave fp32_precision=None")
+
+
+class CublasLaunch:
+    """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
+    (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
+
+    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "block", "num_warps", "poison",
+                 "__weakref__")
+    store_act = False  # relu(h) is computed by torch.clamp_min, into act when given
+
+    def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
+                 C: int, cuda: bool, poison: bool):
+        self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
+        self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
+        # a row's column blocks: 4096 fp32 lanes over 8 warps (16 a thread); the interpreter: one block a row
+        self.block = min(triton.next_power_of_2(C), 4096 if cuda else 1 << 17)
+        self.num_warps = 8 if cuda else 1
+
+    def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
+        N, C = h.shape[0], weight.shape[0]
+        x = h
+        if self.relu:
+            x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
+        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
+        rows_loss = torch.empty(N, dtype=torch.float32, device=h.device)
+        if self.poison:  # (tests) an element nobody writes stays NaN
+            grad_h.fill_(float("nan"))
+            rows_loss.fill_(float("nan"))
+        scale = torch.reciprocal((y != self.ignore_index).sum(dtype=torch.float32)) if self.mean else rows_loss
+        gb = torch.zeros(C, dtype=torch.float32, device=h.device) if self.has_bias else None
+        z = torch.empty(min(self.chunk, N), C, dtype=h.dtype, device=h.device)
+        wt = weight.t()
+        for r0 in range(0, N, self.chunk):
+            r1 = min(r0 + self.chunk, N)
+            zc, xc = z[: r1 - r0], x[r0:r1]
+            torch.mm(xc, wt, out=zc)
+            softmax_dz_kernel[(r1 - r0,)](zc, bias if self.has_bias else zc, y[r0:r1], scale, rows_loss[r0:r1], C,
+                                          zc.stride(0), self.ignore_index, HAS_BIAS=self.has_bias, MEAN=self.mean,
+                                          BLOCK=self.block, num_warps=self.num_warps)
+            torch.mm(zc, weight, out=grad_h[r0:r1])
+            if r0 == 0 and not self.accumulate:
+                torch.mm(zc.t(), xc, out=grad_weight)
+            else:
+                grad_weight.addmm_(zc.t(), xc)
+            if gb is not None:
+                gb += zc.sum(0, dtype=torch.float32)
+        loss = rows_loss.sum()
+        if self.mean:
+            loss = loss * scale
+        if gb is not None:
+            if self.accumulate:
+                grad_bias.add_(gb)
+            else:
+                grad_bias.copy_(gb)
+        if self.relu:
+            grad_h.masked_fill_(h <= 0, 0)
+        return loss, grad_h
