@@ -7,7 +7,8 @@ bandwidth, memory, achieved TFLOP/s.
 --vocab: the CE shapes a language model's head takes, (N, D, V) = (4096, 512, 32000),
 (4096, 4096, 128256), (16384, 256, 256) and the transformer's (b32 s128: N = 4096, D = 256-2048,
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
-benchmarks/run_gpu_checks.sh installs .whl/), with every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
+benchmarks/run_gpu_checks.sh installs .whl/; PyTorch's chunked `linear_cross_entropy` from torch 2.13), with
+every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
 `ours-row_chunks` and `ours-cublas`: LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
 paths at occupancy 1/8; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
 VOCAB_TUNE's tiles, warps and pipelining depths.
@@ -75,6 +76,12 @@ def cce_fn(h, w, b, y, filter_eps="high"):
     from cut_cross_entropy import linear_cross_entropy
 
     return autograd_fn(lambda hh, ww, _, yy: linear_cross_entropy(hh, ww, yy, filter_eps=filter_eps), h, w, None, y)
+
+
+def torch_chunked_fn(h, w, b, y):
+    # PyTorch's own chunked linear_cross_entropy (torch.nn.LinearCrossEntropyOptions; torch >= 2.13)
+    opts = torch.nn.LinearCrossEntropyOptions()
+    return autograd_fn(lambda hh, ww, bb, yy: F.linear_cross_entropy(hh, ww, yy, linear_bias=bb, options=opts), h, w, b, y)
 
 
 def ours_fn(loss, h, w, b, y, cfg=None):
@@ -161,6 +168,8 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
     if not args.no_compile and ((loss, N, D, C) in COMPILED or args.vocab):
         comp = torch.compile(lambda hh, ww, bb, yy: head_loss(F.linear(hh, ww, bb), yy, loss, "mean", -100))
         out.append(("torch.compile", torch_fn(loss, h, w, b, y, compiled=comp)))
+    if loss == "ce" and args.vocab and hasattr(torch.nn, "LinearCrossEntropyOptions"):
+        out.append(("torch.linear_cross_entropy", torch_chunked_fn(h, w, b, y)))
     if loss == "ce" and have_liger:
         out.append(("liger", liger_fn(h, w, b, y)))
     if loss == "ce" and have_cce and args.vocab:
