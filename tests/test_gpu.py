@@ -448,6 +448,27 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
         assert prio[0] == 0 and prio[-1] < prio[-2] < 0 and prio == sorted(prio, reverse=True), prio
 
 
+@pytest.mark.parametrize("path", ["cublas", "row_chunks"])
+def test_vocabulary_heads_capture_replay_equals_eager(path):
+    # a transformer whose heads take a vocabulary path (1000 classes), fp32 so replay and eager agree to
+    # rounding: the cublas path's several launches (cuBLAS, its softmax kernel, torch's sums) in one graph,
+    # with no host sync in a replay
+    from erase_triton.bench import set_vocab_path
+    from erase_triton.models.transformer import TinyTransformer
+
+    torch.manual_seed(0)
+    m_eager = TinyTransformer(vocab=1000, width=64, layers=6, n_heads=1, max_seq=32, head_every=3).to(dev)
+    set_vocab_path(m_eager, path)
+    m_graph = copy.deepcopy(m_eager)
+    xs = [torch.randint(0, 1000, (8, 32), device=dev) for _ in range(4)]
+    ys = [torch.randint(0, 1000, (8, 32), device=dev) for _ in range(4)]
+    klh._PLANS.clear()
+    train_replayed_and_eager(Scheduler("erase"), m_graph, m_eager, xs, ys, no_sync=True)
+    assert path in {p.kind for p in klh._PLANS.values()}
+    for (k, pe), pg in zip(m_eager.named_parameters(), m_graph.parameters()):
+        torch.testing.assert_close(pg, pe, rtol=1e-4, atol=1e-5, msg=k)
+
+
 @pytest.mark.parametrize("mode,relu", [("erase", False), ("erase", True), ("sequential", False)])
 def test_early_updates_capture_equals_stepping_after(mode, relu):
     # Scheduler(optimizer=): each segment's SGD update captured on its stream right after its
