@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import grad_scale
+from .common import ce_rows, grad_scale
 
 __all__ = ["CublasLaunch", "check_cublas_inputs", "softmax_dz_kernel"]
 
@@ -39,8 +39,7 @@ def softmax_dz_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ign
     r = tl.program_id(0)
     row = z_ptr + r.to(tl.int64) * stride_z
     t = tl.load(y_ptr + r)
-    counts = t != ignore_index
-    bad = tl.where(counts & ((t < 0) | (t >= C)), float("nan"), 0.0)  # a class id outside [0, C): NaN (common.ce_rows)
+    counts, bad = ce_rows(t, t == t, ignore_index, C)  # bad: NaN for a class id outside [0, C)
     o = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK], dtype=tl.float32)
