@@ -92,7 +92,6 @@ class CublasLaunch:
 
     __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "block", "num_warps", "poison",
                  "__weakref__")
-    store_act = False  # relu(h) is computed by torch.clamp_min, into act when given
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
                  C: int, cuda: bool, poison: bool):
@@ -105,7 +104,7 @@ class CublasLaunch:
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         N, C = h.shape[0], weight.shape[0]
         x = h
-        if self.relu:
+        if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
             x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
         grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
         rows_loss = torch.empty(N, dtype=torch.float32, device=h.device)
