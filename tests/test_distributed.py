@@ -95,53 +95,49 @@ def test_bench_data_parallel_summary(tmp_path):
     assert float(s["change"]) == pytest.approx(240 / 190 - 1.2)
 
 
-def test_sharded_at_world_size_one_equals_the_plain_run():
-    # one rank: FSDP's full_tensor() is then the parameter's own storage (the harness clones it; without
-    # that, every recorded step showed the last step's parameters, which once looked like a CUDA bug)
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo process group in this process (unless one exists), torn down after the test."""
     import torch.distributed as dist
 
     own = not dist.is_initialized()
     if own:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        for case in ("mlp-erase-sharded", "mlp-erase-early-sharded", "transformer-sequential-sharded"):
-            ref = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=False)
-            got = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=True)
-            for step, ((g0, p0), (g1, p1)) in enumerate(zip(ref, got)):
-                assert g1.keys() == g0.keys(), (case, step)
-                for k in p0:
-                    torch.testing.assert_close(p1[k], p0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} {k}")
-                for k in g0:
-                    torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} grad {k}")
-    finally:
-        if own:
-            dist.destroy_process_group()
+    yield
+    if own:
+        dist.destroy_process_group()
 
 
-def test_capture_of_a_sharded_model_is_refused(monkeypatch):
+def test_sharded_at_world_size_one_equals_the_plain_run(world_of_one):
+    # one rank: FSDP's full_tensor() is then the parameter's own storage (the harness clones it; without
+    # that, every recorded step showed the last step's parameters, which once looked like a CUDA bug)
+    for case in ("mlp-erase-sharded", "mlp-erase-early-sharded", "transformer-sequential-sharded"):
+        ref = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=False)
+        got = dp_cases.train(case, lambda s, c=case: dp_cases.batch(c, s, 0), dp=True)
+        for step, ((g0, p0), (g1, p1)) in enumerate(zip(ref, got)):
+            assert g1.keys() == g0.keys(), (case, step)
+            for k in p0:
+                torch.testing.assert_close(p1[k], p0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} {k}")
+            for k in g0:
+                torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=f"{case} step {step} grad {k}")
+
+
+def test_capture_of_a_sharded_model_is_refused(monkeypatch, world_of_one):
     # FSDP's gathers and frees run in Python hooks, which a graph replay skips: refused before any collective
-    import torch.distributed as dist
     from fake_cuda import fake_cuda, fake_graphs
 
     from erase_triton import Scheduler
     from erase_triton.distributed import data_parallel
 
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = data_parallel(dp_cases.build("mlp"), shard=True)
-        x, y = dp_cases.batch("mlp", 0, 0)
-        with Scheduler("erase").step():  # eager: fine
-            model(x, y)
-        fake_graphs(monkeypatch, fake_cuda(monkeypatch, lambda name: True))
-        sched = Scheduler("erase")
-        with pytest.raises(NotImplementedError, match=r"shard=True.*run sharded steps eagerly"):
-            sched.capture(lambda a, b: model(a, b), x, y, warmup=1)
-        monkeypatch.undo()
-        assert not sched._capture_owns_step
-        with Scheduler("erase").step():  # the model still trains eagerly
-            model(x, y)
-    finally:
-        if own:
-            dist.destroy_process_group()
+    model = data_parallel(dp_cases.build("mlp"), shard=True)
+    x, y = dp_cases.batch("mlp", 0, 0)
+    with Scheduler("erase").step():  # eager: fine
+        model(x, y)
+    fake_graphs(monkeypatch, fake_cuda(monkeypatch, lambda name: True))
+    sched = Scheduler("erase")
+    with pytest.raises(NotImplementedError, match=r"shard=True.*run sharded steps eagerly"):
+        sched.capture(lambda a, b: model(a, b), x, y, warmup=1)
+    monkeypatch.undo()
+    assert not sched._capture_owns_step
+    with Scheduler("erase").step():  # the model still trains eagerly
+        model(x, y)
