@@ -29,18 +29,28 @@ def _fail(msg: str):
     raise SystemExit(2)
 
 
-def _writable_file(path: str | None, what: str):
-    """Fail now, not after training, if `path` cannot be written."""
+def _writable_file(path: str | None, what: str, image: bool = False):
+    """Fail now, not after training, if `path` cannot be written (as a picture, with `image`)."""
     if not path:
         return
+    if os.path.isdir(path):
+        _fail(f"{what} {path!r} is a folder; give a file name")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         _fail(f"{what} {path!r}: folder {folder!r} does not exist")
+    if image:
+        from matplotlib.figure import Figure
+        kinds = Figure().canvas.get_supported_filetypes()
+        ext = os.path.splitext(path)[1].lstrip(".").lower()
+        if ext not in kinds:
+            _fail(f"{what} {path!r}: the name must end in a picture format ({', '.join('.' + k for k in sorted(kinds))})")
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         _fail(f"{what} {path!r} is not writable")
 
 
 def _out_dir(path: str) -> str:
+    if os.path.exists(path) and not os.path.isdir(path):
+        _fail(f"--out {path!r} is a file; give a folder")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -84,7 +94,7 @@ def cmd_train(a):
             os.makedirs("runs", exist_ok=True)
     if rank0:
         _writable_file(a.json, "--json")
-        _writable_file(a.plot, "--plot")
+        _writable_file(a.plot, "--plot", image=True)
     kw = dict(mode=a.mode, steps=a.steps, batch_size=a.batch_size, device=dev, graph=a.graph, seed=a.seed,
               backend=a.backend, head_every=a.head_every, distributed=dist is not None, progress=rank0)
     ok = False

@@ -196,7 +196,12 @@ def test_a_corrupt_movielens_file_names_file_and_line(tmp_path, inter, message):
     (["train", "--steps", "x"], "expected a positive integer"),
     (["train", "--json", "/nonexistent-folder/r.json"], "does not exist"),
     (["train", "--plot", "/nonexistent-folder/r.png"], "does not exist"),
+    (["train", "--json", "/"], "is a folder"),
+    (["train", "--plot", "/"], "is a folder"),
+    (["train", "--plot", "loss.txt"], "must end in a picture format"),
+    (["train", "--plot", "loss"], "must end in a picture format"),
     (["plot", "/nonexistent-file.csv"], "is not a file"),
+    (["plot", __file__, "--out", __file__], "is a file; give a folder"),
     (["trace", "--steps", "0"], "expected a positive integer"),
 ])
 def test_cli_mistakes_are_one_error_line_and_status_2(argv, message, capsys):
