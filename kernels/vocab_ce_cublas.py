@@ -6,7 +6,8 @@ the GEMMs to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse.
 (host-sized, `plan.chunk_size_for`):
 
   z        = relu?(h_c) W^T          cuBLAS, into an [R, C] scratch in h's dtype
-  softmax_dz_kernel (one program a row): lse of z + b (online over column blocks), the row's loss,
+  softmax_dz_kernel (one program a row): lse of z + b (the row in registers up to 32768 classes, else
+             online over column blocks), the row's loss,
              dz = s * (softmax - onehot(t)) written over z in h's dtype (s: 1 / counted rows for a mean)
   grad_h_c = dz W                    cuBLAS, straight into grad_h's rows
   grad_W  += dz^T relu?(h_c)          cuBLAS (addmm: one rounding to grad_W's dtype a chunk, as row_chunks)
@@ -31,45 +32,62 @@ from .common import ce_rows, grad_scale
 
 __all__ = ["CublasLaunch", "check_cublas_inputs", "softmax_dz_kernel"]
 
+# the softmax kernel: a row of up to ONE_PASS_MAX_C classes is read once (16 warps hold 32768 fp32 at 64 a
+# thread); a longer one in blocks of TWO_PASS_BLOCK, twice (the lse, then dz)
+ONE_PASS_MAX_C, TWO_PASS_BLOCK = 32768, 4096
+
 
 @triton.jit
 def softmax_dz_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_index,
-                      HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
-    # row r of the chunk: z (logits without the bias) in, dz out, in place; the row's unscaled loss to loss_ptr[r]
+                      HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    # row r of the chunk: z (logits without the bias) in, dz out, in place; the row's unscaled loss to loss_ptr[r].
+    # ONE_PASS (BLOCK >= C): the row stays in registers between the lse and dz (one read of z, not two)
     r = tl.program_id(0)
     row = z_ptr + r.to(tl.int64) * stride_z
     t = tl.load(y_ptr + r)
     counts, bad = ce_rows(t, t == t, ignore_index, C)  # bad: NaN for a class id outside [0, C)
-    o = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK], dtype=tl.float32)
-    zt = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, C, BLOCK):  # per lane: running max and sum of exp, and the target's logit
-        cols = c0 + o
-        mc = cols < C
-        z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
-        m_new = tl.maximum(m, z)
-        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane of padding only: max -inf, sum 0 (no -inf - -inf)
-        s = s * tl.exp(m - ref) + tl.exp(z - ref)
-        m = m_new
-        zt += tl.where(cols == t, z, 0.0)
-    mx = tl.max(m, 0)
-    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), 0))
-    tl.store(loss_ptr + r, tl.where(counts, lse - tl.sum(zt, 0), 0.0) + bad)
     scale = 1.0
     if MEAN:
         scale = grad_scale(tl.load(scale_ptr))  # 0 where every row is ignored (scale = 1 / 0)
     f = tl.where(counts, scale, 0.0) + bad
-    for c0 in range(0, C, BLOCK):
-        cols = c0 + o
-        mc = cols < C
-        z = tl.load(row + cols, mask=mc, other=0.0).to(tl.float32)
+    o = tl.arange(0, BLOCK)
+    if ONE_PASS:
+        mc = o < C
+        z = tl.load(row + o, mask=mc, other=float("-inf")).to(tl.float32)
         if HAS_BIAS:
-            z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
-        dz = f * (tl.exp(z - lse) - tl.where(cols == t, 1.0, 0.0))
-        tl.store(row + cols, dz.to(z_ptr.dtype.element_ty), mask=mc)
+            z += tl.load(b_ptr + o, mask=mc, other=0.0).to(tl.float32)
+        mx = tl.max(z, 0)
+        lse = mx + tl.log(tl.sum(tl.exp(z - mx), 0))
+        zt = tl.sum(tl.where(o == t, z, 0.0), 0)
+        dz = f * (tl.exp(z - lse) - tl.where(o == t, 1.0, 0.0))
+        tl.store(row + o, dz.to(z_ptr.dtype.element_ty), mask=mc)
+    else:
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], dtype=tl.float32)
+        zt_l = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, C, BLOCK):  # per lane: running max and sum of exp, and the target's logit
+            cols = c0 + o
+            mc = cols < C
+            z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
+            if HAS_BIAS:
+                z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+            m_new = tl.maximum(m, z)
+            ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane of padding only: max -inf, sum 0 (no -inf - -inf)
+            s = s * tl.exp(m - ref) + tl.exp(z - ref)
+            m = m_new
+            zt_l += tl.where(cols == t, z, 0.0)
+        mx = tl.max(m, 0)
+        lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), 0))
+        zt = tl.sum(zt_l, 0)
+        for c0 in range(0, C, BLOCK):
+            cols = c0 + o
+            mc = cols < C
+            z = tl.load(row + cols, mask=mc, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+            dz = f * (tl.exp(z - lse) - tl.where(cols == t, 1.0, 0.0))
+            tl.store(row + cols, dz.to(z_ptr.dtype.element_ty), mask=mc)
+    tl.store(loss_ptr + r, tl.where(counts, lse - zt, 0.0) + bad)
 
 
 def check_cublas_inputs(h, weight, bias, cfg) -> None:
@@ -90,16 +108,19 @@ class CublasLaunch:
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
 
-    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "block", "num_warps", "poison",
+    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "block", "one_pass", "num_warps", "poison",
                  "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
                  C: int, cuda: bool, poison: bool):
         self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
-        # a row's column blocks: 4096 fp32 lanes over 8 warps (16 a thread); the interpreter: one block a row
-        self.block = min(triton.next_power_of_2(C), 4096 if cuda else 1 << 17)
-        self.num_warps = 8 if cuda else 1
+        # a row in one block where it fits 64 fp32 registers a thread, else blocks of TWO_PASS_BLOCK lanes over
+        # 8 warps (16 a thread), read twice
+        c2 = triton.next_power_of_2(C)
+        self.one_pass = c2 <= ONE_PASS_MAX_C
+        self.block = c2 if self.one_pass else TWO_PASS_BLOCK
+        self.num_warps = max(8, self.block // 2048) if cuda else 1
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         N, C = h.shape[0], weight.shape[0]
@@ -121,7 +142,7 @@ class CublasLaunch:
             torch.mm(xc, wt, out=zc)
             softmax_dz_kernel[(r1 - r0,)](zc, bias if self.has_bias else zc, y[r0:r1], scale, rows_loss[r0:r1], C,
                                           zc.stride(0), self.ignore_index, HAS_BIAS=self.has_bias, MEAN=self.mean,
-                                          BLOCK=self.block, num_warps=self.num_warps)
+                                          BLOCK=self.block, ONE_PASS=self.one_pass, num_warps=self.num_warps)
             torch.mm(zc, weight, out=grad_h[r0:r1])
             if r0 == 0 and not self.accumulate:
                 torch.mm(zc.t(), xc, out=grad_weight)

@@ -213,6 +213,31 @@ def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
     assert grids == [(128,), (128,), (44,)]
 
 
+@pytest.mark.parametrize("C", [1000, 1025])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_cublas_softmax_kernel_both_forms(C, dt, one_pass, monkeypatch, device):
+    # the row in one block (read once), or in blocks of 256 columns read twice: 4 blocks, the last one with
+    # 232 columns, or 5 with 1 (its other lanes are padding: max -inf, sum 0); with ignored rows
+    import erase_triton.kernels.vocab_ce_cublas as kc
+
+    monkeypatch.setattr(kc, "ONE_PASS_MAX_C", 1 << 17 if one_pass else 0)
+    monkeypatch.setattr(kc, "TWO_PASS_BLOCK", 256)
+    forms = []
+    real = kc.softmax_dz_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                forms.append((kw["ONE_PASS"], kw["BLOCK"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(kc, "softmax_dz_kernel", Spy())
+    check("ce", 70, 24, C, DTYPES[dt], True, None, device, config=LaunchConfig(vocab_path="cublas"))
+    assert set(forms) == {(True, triton.next_power_of_2(C)) if one_pass else (False, 256)}
+
+
 def test_cublas_vocab_is_bitwise_reproducible(device):
     h, w, b, y = make("ce", 300, 40, 1000, torch.bfloat16, True, device)
     cfg = LaunchConfig(vocab_path="cublas", chunk_size=128)
