@@ -10,7 +10,7 @@ V = 256), bf16, against every baseline that installs (Liger and cut-cross-entrop
 benchmarks/run_gpu_checks.sh installs .whl/; PyTorch's chunked `linear_cross_entropy` from torch 2.13), with
 every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
 `ours-row_chunks` and `ours-cublas`: LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
-paths at occupancy 1/8; `ours-cublas two-pass` where V <= 32768: its softmax kernel reading each row twice, the A/B of
+paths at occupancy 1/8; `ours-cublas two_pass=True` where V <= 32768: its softmax kernel reading each row twice, the A/B of
 its one-pass form; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
 VOCAB_TUNE's tiles, warps and pipelining depths.
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton.testing
 
 from erase_triton import LaunchConfig, fused_local_head
-from erase_triton.kernels import vocab_ce_cublas
+from erase_triton.kernels.vocab_ce_cublas import ONE_PASS_MAX_C
 from erase_triton.bench import copy_bandwidth_gbs, host_us, metadata, peak_mb, print_table, write_csv
 from erase_triton.reference import head_loss
 
@@ -88,18 +88,6 @@ def torch_chunked_fn(h, w, b, y):
 
 def ours_fn(loss, h, w, b, y, cfg=None):
     return lambda: fused_local_head(h, w, b, y, loss=loss, config=cfg)
-
-
-def two_pass(fn):
-    """fn with vocab_path="cublas"'s softmax kernel forced to read each row twice (its form above ONE_PASS_MAX_C)."""
-    def run():
-        keep = vocab_ce_cublas.ONE_PASS_MAX_C
-        vocab_ce_cublas.ONE_PASS_MAX_C = 0
-        try:
-            return fn()
-        finally:
-            vocab_ce_cublas.ONE_PASS_MAX_C = keep
-    return run
 
 
 def launches(fn) -> int:
@@ -200,8 +188,8 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
         for size in CUBLAS_ROWS:
             out.append((f"ours-cublas chunk_size={size}",
                         ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", chunk_size=size))))
-        if C <= vocab_ce_cublas.ONE_PASS_MAX_C:  # A/B: the softmax kernel's two-pass form where one pass applies
-            out.append(("ours-cublas two-pass", two_pass(ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas")))))
+        if C <= ONE_PASS_MAX_C:  # A/B: the softmax kernel's two-pass form where one pass is the rule
+            out.append(("ours-cublas two_pass=True", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", two_pass=True))))
         for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
             out.append((f"ours-{path} occupancy=0.125", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
     else:

@@ -44,7 +44,10 @@ class LaunchConfig:
     two_pass:       (dense kernel, C = 1, atomic mode) each program reads its row tiles twice:
                     logits, loss and dz first (h reduced as it arrives, dz kept in an N-float
                     workspace), then grad_h and grad_W (h again, from L2). No tile is held across
-                    the row reduction: fewer registers, loads that pipeline. None: the host rule.
+                    the row reduction: fewer registers, loads that pipeline. (vocab_path="cublas")
+                    its softmax kernel reads each row of logits twice, in blocks of block_v columns
+                    (default 4096), instead of holding it (False: held whatever C, spilling above
+                    32768). None: the host rule.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth: of the row-tile loop (dense kernel), of every K loop

@@ -396,7 +396,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         check_cublas_inputs(h2, weight, bias, cfg)
         chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
                                least=CUBLAS_MIN_ROWS)
-        hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON)
+        hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON,
+                          cfg.two_pass, cfg.block_v)
         # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
         _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
                           _Plan(softmax_dz_kernel, "cublas", {}, hl.num_warps))

@@ -33,7 +33,8 @@ from .common import ce_rows, grad_scale
 __all__ = ["CublasLaunch", "check_cublas_inputs", "softmax_dz_kernel"]
 
 # the softmax kernel: a row of up to ONE_PASS_MAX_C classes is read once (16 warps hold 32768 fp32 at 64 a
-# thread); a longer one in blocks of TWO_PASS_BLOCK, twice (the lse, then dz)
+# thread); a longer one in blocks of TWO_PASS_BLOCK, twice (the lse, then dz). LaunchConfig(two_pass=, block_v=)
+# overrides both (docs/tuning.md#vocabulary-ce-paths)
 ONE_PASS_MAX_C, TWO_PASS_BLOCK = 32768, 4096
 
 
@@ -112,15 +113,15 @@ class CublasLaunch:
                  "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
-                 C: int, cuda: bool, poison: bool):
+                 C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None):
         self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
-        # a row in one block where it fits 64 fp32 registers a thread, else blocks of TWO_PASS_BLOCK lanes over
-        # 8 warps (16 a thread), read twice
+        # LaunchConfig.two_pass / block_v, else: a row in one block where it fits 64 fp32 registers a thread,
+        # else blocks of TWO_PASS_BLOCK lanes over 8 warps (16 a thread), read twice
         c2 = triton.next_power_of_2(C)
-        self.one_pass = c2 <= ONE_PASS_MAX_C
-        self.block = c2 if self.one_pass else TWO_PASS_BLOCK
-        self.num_warps = max(8, self.block // 2048) if cuda else 1
+        self.one_pass = not two_pass if two_pass is not None else c2 <= ONE_PASS_MAX_C
+        self.block = c2 if self.one_pass else min(block or TWO_PASS_BLOCK, c2)
+        self.num_warps = min(16, max(8, self.block // 2048)) if cuda else 1
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         N, C = h.shape[0], weight.shape[0]

@@ -215,14 +215,13 @@ def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
 
 @pytest.mark.parametrize("C", [1000, 1025])
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
-@pytest.mark.parametrize("one_pass", [True, False])
-def test_cublas_softmax_kernel_both_forms(C, dt, one_pass, monkeypatch, device):
-    # the row in one block (read once), or in blocks of 256 columns read twice: 4 blocks, the last one with
-    # 232 columns, or 5 with 1 (its other lanes are padding: max -inf, sum 0); with ignored rows
+@pytest.mark.parametrize("two_pass", [None, True])
+def test_cublas_softmax_kernel_both_forms(C, dt, two_pass, monkeypatch, device):
+    # the row in one block (read once; the rule up to 32768 classes), or, with LaunchConfig(two_pass=True,
+    # block_v=256), in blocks of 256 columns read twice: 4 blocks, the last one with 232 columns, or 5 with 1
+    # (its other lanes are padding: max -inf, sum 0); with ignored rows
     import erase_triton.kernels.vocab_ce_cublas as kc
 
-    monkeypatch.setattr(kc, "ONE_PASS_MAX_C", 1 << 17 if one_pass else 0)
-    monkeypatch.setattr(kc, "TWO_PASS_BLOCK", 256)
     forms = []
     real = kc.softmax_dz_kernel
 
@@ -234,8 +233,9 @@ def test_cublas_softmax_kernel_both_forms(C, dt, one_pass, monkeypatch, device):
             return launch
 
     monkeypatch.setattr(kc, "softmax_dz_kernel", Spy())
-    check("ce", 70, 24, C, DTYPES[dt], True, None, device, config=LaunchConfig(vocab_path="cublas"))
-    assert set(forms) == {(True, triton.next_power_of_2(C)) if one_pass else (False, 256)}
+    check("ce", 70, 24, C, DTYPES[dt], True, None, device,
+          config=LaunchConfig(vocab_path="cublas", two_pass=two_pass, block_v=256 if two_pass else None))
+    assert set(forms) == {(False, 256) if two_pass else (True, triton.next_power_of_2(C))}
 
 
 def test_cublas_vocab_is_bitwise_reproducible(device):
