@@ -6,7 +6,7 @@
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
 the bundled ptxas with -v. Spills, the MMA version (3 = wgmma) and async copies (pipelined loads) decide whether a tile
-set is worth a GPU minute. --set overrides constexprs of the plan (and num_warps).
+set is worth a GPU minute. --set overrides constexprs of the plan (and num_warps, maxnreg, num_stages).
 """
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
 def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str | None = None) -> dict:
     cx = dict(plan.constexprs)
     warps = int(overrides.pop("num_warps", plan.num_warps))
+    opts = {k: v for k, v in plan.opts.items() if k != "num_warps"}  # the plan's maxnreg and num_stages, then --set's
+    opts.update({k: int(overrides.pop(k)) for k in ("maxnreg", "num_stages") if k in overrides})
     for k, v in overrides.items():
         cx[k] = type(cx[k])(v) if not isinstance(cx[k], bool) else v in ("1", "True", "true")
     fn = plan.kernel
@@ -70,7 +72,7 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
         if sig[name].startswith("*") or (name in ints and ints[name] % 16 == 0 and name not in fn.do_not_specialize):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
-    ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+    ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, **opts))
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         open(p, "w").write(ck.asm["ptx"])
@@ -81,7 +83,7 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
     spill = re.search(r"(\d+) bytes spill stores", log)
     mma = sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))
     return dict(kernel=fn.__name__, num_warps=warps, regs=int(regs.group(1)) if regs else None,
-                spill_bytes=int(spill.group(1)) if spill else None, shared=ck.metadata.shared,
+                spill_bytes=int(spill.group(1)) if spill else None, shared=ck.metadata.shared, **opts,
                 mma_versions=",".join(mma) or "-", async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k == "NUM_STAGES"})
 
 
@@ -96,7 +98,8 @@ def main():
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS),
                     help="C > 512: which vocabulary kernel (cublas: its softmax kernel)")
-    ap.add_argument("--set", nargs="*", default=[], help="constexpr overrides, NAME=VALUE")
+    ap.add_argument("--set", nargs="*", default=[],
+                    help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
     args = ap.parse_args()
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
