@@ -3,6 +3,7 @@
 Long because it is the scheduler's whole CPU contract in one place (modes, the plan, fake-stream
 ring, adaptive forking, priorities, early updates, compiled blocks), sharing one set of fixtures."""
 import contextlib
+import gc
 import copy
 
 import pytest
@@ -942,3 +943,37 @@ def test_capture_runs_warmup_then_one_step_and_accepts_a_step_fn_that_opens_it(m
         with sched.step():
             with sched.step():
                 pass
+
+
+def _graphs_alive() -> int:
+    """Tensors alive with a grad_fn: each holds its autograd graph, AccumulateGrad nodes included."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None)
+
+
+@pytest.mark.parametrize("embedding,plant", [("fused_sgd", False), ("table", False), ("fused_sgd", True)])
+def test_no_autograd_graph_outlives_a_step(monkeypatch, embedding, plant):
+    # An AccumulateGrad node records the stream it was made on; kept alive into the next step (by any
+    # tensor of the last step's graph), the next step's backward on another ring stream meets it there:
+    # PyTorch's "AccumulateGrad node's stream does not match" warning, and a cross-stream sync. Capture's
+    # warm-up steps on the fake-stream ring (every detach point forks) and the captured step must each
+    # start with no graph alive. plant: a step_fn that keeps its block's output, which the check must see.
+    from fake_cuda import fake_graphs
+    from erase_triton.bench import ctr_workload
+    from erase_triton.train import training_step
+    model, inputs = ctr_workload(32, 64, tables=3, rows=50, emb_dim=8, device="cpu", embedding=embedding)
+    step = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    fake_graphs(monkeypatch, _fake_cuda(monkeypatch, lambda name: True))
+    sched, alive, kept = Scheduler("erase"), [], []
+
+    def step_fn(*xs):
+        alive.append(_graphs_alive())
+        if plant:
+            kept.append(model.subarchs[0](model.features(xs[0], xs[1])))
+        step(*xs)
+    sched.capture(step_fn, *inputs, warmup=3)
+    assert sched.last_forks == len(model.heads)
+    if plant:  # (the kept output and the tensors its graph saved)
+        assert alive[0] == 0 and min(alive[1:]) > 0, alive
+    else:
+        assert alive == [0, 0, 0, 0]  # 3 warm-up steps and the captured one
