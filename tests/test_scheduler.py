@@ -945,10 +945,23 @@ def test_capture_runs_warmup_then_one_step_and_accepts_a_step_fn_that_opens_it(m
                 pass
 
 
-def _graphs_alive() -> int:
-    """Tensors alive with a grad_fn: each holds its autograd graph, AccumulateGrad nodes included."""
+def _graphs_alive(model) -> int:
+    """Tensors alive with a grad_fn whose graph reaches model's parameters (its AccumulateGrad nodes)."""
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None)
+    params, n = {id(p) for p in model.parameters()}, 0
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+            todo, seen = [o.grad_fn], set()
+            while todo:
+                f = todo.pop()
+                if f is None or f in seen:
+                    continue
+                seen.add(f)
+                if id(getattr(f, "variable", None)) in params:
+                    n += 1
+                    break
+                todo.extend(g for g, _ in f.next_functions)
+    return n
 
 
 @pytest.mark.parametrize("embedding,plant", [("fused_sgd", False), ("table", False), ("fused_sgd", True)])
@@ -967,7 +980,7 @@ def test_no_autograd_graph_outlives_a_step(monkeypatch, embedding, plant):
     sched, alive, kept = Scheduler("erase"), [], []
 
     def step_fn(*xs):
-        alive.append(_graphs_alive())
+        alive.append(_graphs_alive(model))
         if plant:
             kept.append(model.subarchs[0](model.features(xs[0], xs[1])))
         step(*xs)
