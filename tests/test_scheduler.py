@@ -3,8 +3,8 @@
 Long because it is the scheduler's whole CPU contract in one place (modes, the plan, fake-stream
 ring, adaptive forking, priorities, early updates, compiled blocks), sharing one set of fixtures."""
 import contextlib
-import gc
 import copy
+import gc
 
 import pytest
 import torch
