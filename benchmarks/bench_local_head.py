@@ -126,8 +126,9 @@ COMPILED = {("bce", 1024, 128, 1), ("bce", 65536, 1024, 1), ("bce", 262144, 1024
 OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
-CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096]}  # besides the host rule's
-CUBLAS_ROWS = [256, 2048, 4096]  # vocab_path="cublas": rows a chunk, besides the host rule's (at least 1024)
+# chunk sizes of the chunked paths besides the host rule's ("cublas": rows, the rule's at least 1024)
+CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096], "cublas": [256, 2048, 4096]}
+TRITON_CHUNKED = ("vocab_chunks", "row_chunks")  # the chunked Triton kernels: tiles and occupancy apply
 # --vocab --tune: tiles, warps and pipelining depth of the chunked paths (block_n, block_v, block_d, num_warps, num_stages)
 VOCAB_TUNE = [(128, 128, 128, 8, s) for s in (2, 4, 5)] + [
     (128, 256, 128, 8, 3), (128, 128, 256, 8, 3), (64, 128, 128, 4, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4)]
@@ -155,7 +156,7 @@ def _have(module: str) -> bool:
 def tune_variants(loss, h, w, b, y) -> list:
     """--vocab --tune: each chunked path at its defaults and over VOCAB_TUNE."""
     out = []
-    for path in CHUNK_SIZES:
+    for path in TRITON_CHUNKED:
         out.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
         for bn, bv, bd, nw, ns in VOCAB_TUNE:
             cfg = LaunchConfig(vocab_path=path, block_n=bn, block_v=bv, block_d=bd, num_warps=nw, num_stages=ns)
@@ -184,13 +185,9 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
             for size in sizes:
                 out.append((f"ours-{path} chunk_size={size}",
                             ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
-        out.append(("ours-cublas", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas"))))
-        for size in CUBLAS_ROWS:
-            out.append((f"ours-cublas chunk_size={size}",
-                        ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", chunk_size=size))))
         if C <= ONE_PASS_MAX_C:  # A/B: the softmax kernel's two-pass form where one pass is the rule
             out.append(("ours-cublas two_pass=True", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", two_pass=True))))
-        for path in ("recompute", *CHUNK_SIZES) if ms_call else ():
+        for path in ("recompute", *TRITON_CHUNKED) if ms_call else ():
             out.append((f"ours-{path} occupancy=0.125", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
     else:
         out.append(("ours", ours_fn(loss, h, w, b, y)))
