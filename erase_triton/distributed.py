@@ -74,6 +74,15 @@ def _refuse_wrappers(model):
                              "erase_triton.distributed.data_parallel instead")
 
 
+def _refuse_sparse(model):
+    """Sparse gradients (an embedding with sparse=True) would reach the flat all-reduce mid-step."""
+    for name, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            raise ValueError(f"model.{name} ({type(m).__name__}) has sparse=True: data_parallel averages dense "
+                             "gradients only. Use sparse=False, or erase_triton.models.embedding.FusedSGDEmbeddings (SGD "
+                             "applied in the backward to the rows every rank touched)")
+
+
 def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = False,
                   broadcast: bool = True) -> torch.nn.Module:
     """Make `model` train data-parallel over `process_group` (default: the world) in every
@@ -88,7 +97,8 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
     the optimizer over `param_groups(model)`: a foreach optimizer step (the default on CUDA) cannot
     take sharded and replicated parameters in one group.
     broadcast: copy rank 0's parameters and buffers to every rank now (as DDP does), before sharding.
-    Raises if the model has no LocalHead, or is already wrapped in DDP / FSDP.
+    Raises if the model has no LocalHead, is already wrapped in DDP / FSDP, or has an embedding with
+    sparse gradients (sparse=True).
     """
     from .models.embedding import FusedSGDEmbeddings
 
@@ -102,6 +112,7 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
                          "torch.nn.parallel.DistributedDataParallel")
     if not isinstance(shard, bool):
         raise TypeError(f"shard must be a bool, got {shard!r}")
+    _refuse_sparse(model)
     world = dist.get_world_size(process_group)
     fused = [m for m in model.modules() if isinstance(m, FusedSGDEmbeddings)]
     if broadcast and world > 1:

@@ -141,3 +141,24 @@ def test_capture_of_a_sharded_model_is_refused(monkeypatch, world_of_one):
     assert not sched._capture_owns_step
     with Scheduler("erase").step():  # the model still trains eagerly
         model(x, y)
+
+
+def test_sparse_gradients_are_refused(world_of_one):
+    # a sparse embedding gradient would reach the flat all-reduce mid-step: refused by data_parallel, and by
+    # the all-reduce itself for any other module that makes one
+    from erase_triton.distributed import DataParallelGroup, all_reduce_grads, data_parallel
+
+    model = dp_cases.build("mlp")
+    model.emb = torch.nn.Embedding(10, 4, sparse=True)
+    with pytest.raises(ValueError, match=r"model\.emb \(Embedding\) has sparse=True.*FusedSGDEmbeddings"):
+        data_parallel(model)
+    model.emb = torch.nn.EmbeddingBag(10, 4, sparse=True)
+    with pytest.raises(ValueError, match=r"model\.emb \(EmbeddingBag\) has sparse=True"):
+        data_parallel(model)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    dense = torch.nn.Parameter(torch.ones(3))
+    dense.grad = torch.ones(3)
+    with pytest.raises(ValueError, match=r"shape \(10, 4\) has a torch.sparse_coo gradient"):
+        all_reduce_grads([dense, emb.weight], DataParallelGroup(None, 1, 0))
+    assert all_reduce_grads([dense], DataParallelGroup(None, 1, 0)) == 1

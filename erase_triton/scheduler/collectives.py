@@ -33,6 +33,9 @@ def all_reduce_grads(params, dp: DataParallelGroup) -> int:
         return 0
     by_dtype: dict = {}
     for g in grads:
+        if g.layout != torch.strided:
+            raise ValueError(f"data_parallel averages dense gradients; a parameter of shape {tuple(g.shape)} has a "
+                             f"{g.layout} gradient (an embedding with sparse=True?): make it dense")
         by_dtype.setdefault((g.dtype, g.device), []).append(g)
     for gs in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in gs])
