@@ -162,3 +162,14 @@ def test_sparse_gradients_are_refused(world_of_one):
     with pytest.raises(ValueError, match=r"shape \(10, 4\) has a torch.sparse_coo gradient"):
         all_reduce_grads([dense, emb.weight], DataParallelGroup(None, 1, 0))
     assert all_reduce_grads([dense], DataParallelGroup(None, 1, 0)) == 1
+
+
+def test_a_cpu_model_under_nccl_is_refused(world_of_one, monkeypatch):
+    # NCCL would fail inside the broadcast with "No backend type associated with device type cpu"
+    import torch.distributed as dist
+
+    from erase_triton.distributed import data_parallel
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(ValueError, match=r"model\.blocks\.0\.0\.weight is on the CPU but the process group is NCCL"):
+        data_parallel(dp_cases.build("mlp"))
