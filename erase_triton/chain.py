@@ -51,6 +51,10 @@ class LocalChain(nn.Module):
     def __init__(self, blocks: Iterable[nn.Module], widths: int | Sequence[int], out_features: int = 1,
                  loss: str = "bce", *, head_every: int = 1, **head_kwargs):
         super().__init__()
+        if isinstance(blocks, nn.Module) and not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+            raise TypeError(f"blocks must be an iterable of nn.Module (one a block), got a single {type(blocks).__name__}")
+        if not isinstance(blocks, nn.Module) and not hasattr(blocks, "__iter__"):
+            raise TypeError(f"blocks must be an iterable of nn.Module (one a block), got {type(blocks).__name__}")
         blocks = blocks if isinstance(blocks, nn.ModuleList) else list(blocks)
         if not len(blocks):
             raise ValueError("blocks must hold at least one module")

@@ -77,6 +77,8 @@ def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
     """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
     check_options(loss, reduction, ignore_index)
     check_types(h, weight, bias, target)
+    if target is None:
+        raise TypeError("target must be a torch.Tensor, got NoneType")
     if h.dim() < 1 or not h.is_floating_point():
         _fail(f"h must be a floating tensor [..., D], got shape {tuple(h.shape)} dtype {h.dtype}")
     if weight.dim() != 2 or not weight.is_floating_point():

@@ -43,6 +43,10 @@ LIBRARY = [
      "reduction must be"),
     ("config not a LaunchConfig", lambda be: fused_local_head(H, W, None, Y, config={"occupancy": 0.5}, backend=be),
      TypeError, "config must be a LaunchConfig"),
+    ("target None", lambda be: fused_local_head(H, W, None, None, backend=be), TypeError,
+     "target must be a torch.Tensor, got NoneType"),
+    ("target None, LocalHead", lambda be: LocalHead(8, 3, backend=be)(H, None), TypeError,
+     "target must be a torch.Tensor, got NoneType"),
 ]
 
 
@@ -71,6 +75,13 @@ def test_bad_local_head_arguments_raise_at_construction(kwargs, exc, message):
     kw = {"in_features": 8, "out_features": 1, **kwargs}
     with pytest.raises(exc, match=message):
         LocalHead(**kw)
+
+
+@pytest.mark.parametrize("blocks, message", [(torch.nn.Linear(8, 8), "got a single Linear"), (3, "got int"),
+                                             ([torch.nn.Linear(8, 8), "x"], r"blocks\[1\] must be an nn.Module")])
+def test_local_chain_names_a_bad_blocks_argument(blocks, message):
+    with pytest.raises(TypeError, match=message):
+        et.LocalChain(blocks, 8)
 
 
 def test_bogus_mode_set_after_construction_raises_at_the_step():
