@@ -114,10 +114,11 @@ def data_parallel(model: torch.nn.Module, process_group=None, *, shard: bool = F
         raise TypeError(f"shard must be a bool, got {shard!r}")
     _refuse_sparse(model)
     if dist.get_backend(process_group) == "nccl":  # NCCL takes CUDA tensors only (the broadcast, every all-reduce)
-        off = next((n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if not t.is_cuda), None)
+        off = next(((n, t.device) for n, t in list(model.named_parameters()) + list(model.named_buffers())
+                    if not t.is_cuda), None)
         if off is not None:
-            raise ValueError(f"model.{off} is on the CPU but the process group is NCCL: move the model to this rank's "
-                             "GPU before data_parallel, e.g. model.to(f'cuda:{local_rank}')")
+            raise ValueError(f"model.{off[0]} is on {off[1]} but the process group is NCCL: move the model to this "
+                             "rank's GPU before data_parallel, e.g. model.to(f'cuda:{local_rank}')")
     world = dist.get_world_size(process_group)
     fused = [m for m in model.modules() if isinstance(m, FusedSGDEmbeddings)]
     if broadcast and world > 1:

@@ -171,5 +171,5 @@ def test_a_cpu_model_under_nccl_is_refused(world_of_one, monkeypatch):
     from erase_triton.distributed import data_parallel
 
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
-    with pytest.raises(ValueError, match=r"model\.blocks\.0\.0\.weight is on the CPU but the process group is NCCL"):
+    with pytest.raises(ValueError, match=r"model\.blocks\.0\.0\.weight is on cpu but the process group is NCCL"):
         data_parallel(dp_cases.build("mlp"))
