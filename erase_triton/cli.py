@@ -79,6 +79,12 @@ def cmd_train(a):
     from .distributed import launch_from_env
     from .train import train_ctr, train_transformer, write_json
 
+    if a.model != "ctr":  # CTR-only options are not silently dropped
+        given = [f"--{k}" for k in ("data", "embedding") if getattr(a, k) is not None]
+        if given:
+            _fail(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to --model ctr only")
+    a.data, a.embedding = a.data or "movielens", a.embedding or "table"
+
     dist = launch_from_env(a.device)  # torchrun: process group up, this rank's device chosen
     dev = dist.device if dist is not None else _device(a.device)
     if a.graph and not str(dev).startswith("cuda"):
@@ -204,9 +210,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=None, help="per rank under torchrun")
     t.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if visible")
     t.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph")
-    t.add_argument("--data", choices=["movielens", "synthetic"], default="movielens", help="ctr data")
-    t.add_argument("--embedding", choices=["table", "fused_sgd"], default="table",
-                   help="ctr tables: nn.Embedding trained by Adam, or SGD fused into the backward")
+    t.add_argument("--data", choices=["movielens", "synthetic"], default=None, help="ctr data (default: movielens)")
+    t.add_argument("--embedding", choices=["table", "fused_sgd"], default=None,
+                   help="ctr tables: nn.Embedding trained by Adam (table, the default), or SGD fused into the backward")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--head-every", type=int, default=1, choices=[1, 2, 3, 6],
                    help="a local head after every K of the transformer's 6 layers or the CTR model's 6 "
