@@ -226,8 +226,9 @@ def parser() -> argparse.ArgumentParser:
     for name, fn, helptext in [("bench", cmd_bench, "speedup curves: erase vs sequential vs e2e vs torch.compile (host-issued and graphed)"),
                                ("sweep", cmd_sweep, "step time against the heads' occupancy and ring size")]:
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--out", default="runs")
-        p.add_argument("--quick", action="store_true")
+        p.add_argument("--out", default="runs", help=f"folder for {name}.csv, its .meta.json and {name}.png (default: runs)")
+        p.add_argument("--quick", action="store_true",
+                       help="two sizes a model, not all" if name == "bench" else "one small size a model, every occupancy")
         if name == "bench":
             p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
             p.add_argument("--model", choices=["ctr", "transformer", "all"], default="all")
@@ -236,8 +237,8 @@ def parser() -> argparse.ArgumentParser:
                            help="CTR proxy tables: SGD fused into backward (default) or nn.Embedding with dense grads")
         p.set_defaults(fn=fn)
     tr = sub.add_parser("trace", help="profiler traces + stream timelines of erase steps (CUDA)")
-    tr.add_argument("--out", default="runs")
-    tr.add_argument("--steps", type=_positive_int, default=3)
+    tr.add_argument("--out", default="runs", help="folder for the Chrome traces, timelines and trace_summary.csv")
+    tr.add_argument("--steps", type=_positive_int, default=3, help="steps profiled a config")
     tr.add_argument("--only", default=None, help="only the configs whose name contains this")
     tr.add_argument("--exec", default="both", choices=["both", "graph", "eager"], help="graph replays, eager steps or both")
     tr.set_defaults(fn=cmd_trace)
