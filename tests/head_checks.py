@@ -3,9 +3,13 @@ every output against the float64 reference (`check`, `assert_three_way`), and th
 fixture (library-allocated outputs start as NaN, so an unwritten element fails).
 
 Rule: |kernel - ref64| <= 2 * |same_precision - ref64| + atol, element-wise (max) and on the relative
-L2 error; a 2% systematic error in any output fails it (test_local_head.py plants one). The
-interpreter's bf16 outputs carry a systematic error of about 0.5% (relative L2) against the
-fp32-accumulating reference, which is why the bf16 L2 bound is 0.8% and not lower."""
+L2 error; a 2% systematic error in any output fails it (test_local_head.py plants one). The bf16 L2
+slack of 0.8% is the kernels' one rounding the reference does not make: dz enters the tensor-core
+products of grad_h and grad_W in bf16, and where those sums cancel (CE rows, whose dz sums to zero, on
+a narrow D) that error grows: CE N=19 D=1 C=37 gives 0.80% against the reference's 0.07%. Elsewhere the
+kernels stay within 0.1% of twice the reference's error (conftest.py makes the interpreter round fp32
+to bf16 to nearest even, as the GPU does; truncating, it added a bias of -0.3% to every bf16 output)."""
+
 import pytest
 import torch
 

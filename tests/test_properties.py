@@ -1,5 +1,6 @@
 """Property-based tests: fused_local_head against the float64 reference over random shapes, dtypes,
-losses, reductions, ignore_index patterns and non-contiguous inputs (the three-way rule of
+losses, reductions, ignore_index patterns and non-contiguous inputs, every vocabulary path, and launch
+settings with the ReLU taken over and fp32 weights beside 16-bit h (the three-way rule of
 tests/head_checks.py). Seeded and bounded to keep CI fast; under the interpreter on a CPU."""
 import os
 
@@ -83,13 +84,38 @@ def test_vocabulary_paths_match_float64_reference(path):
     run()
 
 
+@st.composite
+def launch_case(draw):
+    """A dense or small-CE head with drawn launch settings, a ReLU taken over or not, and a weight
+    in h's dtype or in fp32 (autocast's parameters)."""
+    c = draw(head_case())
+    cfg = dict(occupancy=draw(st.sampled_from([None, 1 / 32, 0.125, 0.5])),
+               deterministic=draw(st.sampled_from([None, True, False])),
+               group_tiles=draw(st.sampled_from([None, 1, 3])), block_n=draw(st.sampled_from([None, 16, 64])),
+               num_stages=draw(st.sampled_from([None, 1, 3])))
+    if c["C"] == 1 and c["loss"] != "ce" and cfg["deterministic"] is False and cfg["group_tiles"] is None:
+        cfg["two_pass"] = draw(st.sampled_from([None, True]))  # (the atomic C = 1 kernel only)
+    c.update(config=cfg, activation=draw(st.sampled_from([None, "relu"])),
+             wdtype=draw(st.sampled_from([c["dtype"], "fp32"])))
+    return c
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(launch_case())
+def test_launch_settings_match_float64_reference(c):
+    check_case(c)
+
+
 def check_case(c):
     h, w, b, y = _inputs(c)
-    kw = dict(loss=c["loss"], reduction=c["reduction"], ignore_index=c["ignore_index"])
+    if c.get("wdtype"):  # the parameters in another dtype than h (they enter the products in h's)
+        w, b = (t.to(DTYPES[c["wdtype"]]) if t is not None else None for t in (w, b))
+    kw = dict(loss=c["loss"], reduction=c["reduction"], ignore_index=c["ignore_index"], activation=c.get("activation"))
     out = fused_local_head(h, w, b, y, backend="triton", config=LaunchConfig(**c["config"]), **kw)
     same = reference.local_head(h, w, b, y, **kw)
     f64 = lambda t: t.double() if t is not None else None  # noqa: E731
-    ref = reference.local_head(f64(h), f64(w), f64(b), y if c["loss"] == "ce" else f64(y), **kw)
+    ref = reference.local_head(f64(h), f64(w.to(h.dtype)), f64(b.to(h.dtype)) if b is not None else None,
+                               y if c["loss"] == "ce" else f64(y), **kw)
     dt = DTYPES[c["dtype"]]
     assert_three_way(out.loss, same.loss, ref.loss, dt, "loss")
     assert_three_way(out.grad_h, same.grad_h, ref.grad_h, dt, "grad_h")
