@@ -46,23 +46,27 @@ def steps(models=("ctr", "transformer"), execs=("eager", "captured")):
 
 def heads():
     dev = "cuda"
-    # ("ce", 256, 128, 256): the transformer's heads in `steps` (16-bit, C <= 256: the GH_T form)
-    cases = [("bce", 1000, 512, 1, None), ("mse", 333, 130, 17, None), ("ce", 777, 64, 40, None),
-             ("ce", 1000, 256, 300, None), ("ce", 256, 128, 256, None), ("ce", 513, 128, 5000, "recompute"),
-             ("ce", 513, 128, 5000, "vocab_chunks"), ("ce", 513, 128, 5000, "row_chunks"), ("ce", 513, 128, 5000, "cublas")]
-    for loss, N, D, C, path in cases:
+    # ("ce", 256, 128, 256): the transformer's heads in `steps` (16-bit, C <= 256: the GH_T form);
+    # ("bce", 1024, 256, 1, fp32): the CTR proxy's heads there (fp32: the C = 1 kernel without a dot)
+    bf16 = torch.bfloat16
+    cases = [("bce", 1000, 512, 1, None, bf16), ("bce", 1024, 256, 1, None, torch.float32), ("mse", 333, 130, 17, None, bf16),
+             ("ce", 777, 64, 40, None, bf16), ("ce", 1000, 256, 300, None, bf16), ("ce", 256, 128, 256, None, bf16),
+             ("ce", 513, 128, 5000, "recompute", bf16), ("ce", 513, 128, 5000, "vocab_chunks", bf16),
+             ("ce", 513, 128, 5000, "row_chunks", bf16), ("ce", 513, 128, 5000, "cublas", bf16)]
+    for loss, N, D, C, path, dt in cases:
         for occ in (1 / 32, 1 / 8, None):
             for det in (True, False):
                 g = torch.Generator(device="cpu").manual_seed(0)
-                h = torch.randn(N, D, generator=g).to(dev, torch.bfloat16)
-                w = (torch.randn(C, D, generator=g) / D ** 0.5).to(dev, torch.bfloat16)
-                b = torch.randn(C, generator=g).to(dev, torch.bfloat16)
+                h = torch.randn(N, D, generator=g).to(dev, dt)
+                w = (torch.randn(C, D, generator=g) / D ** 0.5).to(dev, dt)
+                b = torch.randn(C, generator=g).to(dev, dt)
                 y = (torch.randint(0, C, (N,), generator=g) if loss == "ce" else torch.rand(N, C, generator=g)).to(dev)
                 cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, chunk_size=256 if path else None)
                 r = fused_local_head(h, w, b, y, loss=loss, config=cfg)
                 torch.cuda.synchronize()
                 ok = all(torch.isfinite(t).all().item() for t in r)
-                print(f"{loss} N={N} D={D} C={C} {path or ''} occupancy={occ} deterministic={det}: finite={ok}", flush=True)
+                print(f"{loss} N={N} D={D} C={C} {str(dt)[6:]} {path or ''} occupancy={occ} deterministic={det}: finite={ok}",
+                      flush=True)
 
 
 def soak(n_steps: int, out: str):
