@@ -64,10 +64,13 @@ def check_classes(loss, C, name="weight with"):
         _fail(f"loss='ce' supports 2 <= C <= {MAX_VOCAB} classes, got {name} C={C}")
 
 
-def check_types(h, weight, bias, target=None):
-    """TypeError naming the argument that is not a tensor (bias may be None; target is skipped when None)."""
+_UNCHECKED = object()
+
+
+def check_types(h, weight, bias, target=_UNCHECKED):
+    """TypeError naming the argument that is not a tensor (bias may be None; target is checked when given)."""
     for name, t in (("h", h), ("weight", weight), ("target", target)):
-        if not isinstance(t, torch.Tensor) and not (name == "target" and t is None):
+        if not isinstance(t, torch.Tensor) and t is not _UNCHECKED:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
@@ -77,8 +80,6 @@ def check_args(h, weight, bias, target, loss, reduction, ignore_index=-100):
     """Validate shapes/dtypes/devices; returns (N, D, C). Messages name the argument."""
     check_options(loss, reduction, ignore_index)
     check_types(h, weight, bias, target)
-    if target is None:
-        raise TypeError("target must be a torch.Tensor, got NoneType")
     if h.dim() < 1 or not h.is_floating_point():
         _fail(f"h must be a floating tensor [..., D], got shape {tuple(h.shape)} dtype {h.dtype}")
     if weight.dim() != 2 or not weight.is_floating_point():
