@@ -40,8 +40,7 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
     if vocab_path == "cublas" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # the Triton kernel between its GEMMs
         from erase_triton.kernels.vocab_ce_cublas import CublasLaunch, softmax_dz_kernel
         hl = CublasLaunch(1024, True, -100, False, False, True, C, True, False)
-        return kplan._Plan(softmax_dz_kernel, "cublas", dict(HAS_BIAS=True, MEAN=True, BLOCK=hl.block,
-                                                                      ONE_PASS=hl.one_pass), hl.num_warps)
+        return kplan._Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan

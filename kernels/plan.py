@@ -400,7 +400,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                           cfg.two_pass, cfg.block_v)
         # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
         _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
-                          _Plan(softmax_dz_kernel, "cublas", {}, hl.num_warps))
+                          _Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps))
         return hl
     ws = _workspace(dev)
     has_bias = bias is not None

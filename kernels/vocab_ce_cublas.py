@@ -109,7 +109,7 @@ class CublasLaunch:
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
 
-    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "block", "one_pass", "num_warps", "poison",
+    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "cx", "num_warps", "poison",
                  "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
@@ -119,9 +119,10 @@ class CublasLaunch:
         # LaunchConfig.two_pass / block_v, else: a row in one block where it fits 64 fp32 registers a thread,
         # else blocks of TWO_PASS_BLOCK lanes over 8 warps (16 a thread), read twice
         c2 = triton.next_power_of_2(C)
-        self.one_pass = not two_pass if two_pass is not None else c2 <= ONE_PASS_MAX_C
-        self.block = c2 if self.one_pass else min(block or TWO_PASS_BLOCK, c2)
-        self.num_warps = min(16, max(8, self.block // 2048)) if cuda else 1
+        one_pass = not two_pass if two_pass is not None else c2 <= ONE_PASS_MAX_C
+        block = c2 if one_pass else min(block or TWO_PASS_BLOCK, c2)
+        self.num_warps = min(16, max(8, block // 2048)) if cuda else 1
+        self.cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=block, ONE_PASS=one_pass)  # softmax_dz_kernel's constexprs
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         N, C = h.shape[0], weight.shape[0]
@@ -142,8 +143,7 @@ class CublasLaunch:
             zc, xc = z[: r1 - r0], x[r0:r1]
             torch.mm(xc, wt, out=zc)
             softmax_dz_kernel[(r1 - r0,)](zc, bias if self.has_bias else zc, y[r0:r1], scale, rows_loss[r0:r1], C,
-                                          zc.stride(0), self.ignore_index, HAS_BIAS=self.has_bias, MEAN=self.mean,
-                                          BLOCK=self.block, ONE_PASS=self.one_pass, num_warps=self.num_warps)
+                                          zc.stride(0), self.ignore_index, **self.cx, num_warps=self.num_warps)
             torch.mm(zc, weight, out=grad_h[r0:r1])
             if r0 == 0 and not self.accumulate:
                 torch.mm(zc.t(), xc, out=grad_weight)
