@@ -1,7 +1,7 @@
 """Registers, spills, shared memory and MMA version of a fused-head kernel for sm_90a, without a GPU.
 
     python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
-    python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path row_chunks
+    python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path row_chunks [--ptx k.ptx]
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
@@ -46,7 +46,8 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
     return plan
 
 
-def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str | None = None) -> dict:
+def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str | None = None,
+           ptx: str | None = None) -> dict:
     cx = dict(plan.constexprs)
     warps = int(overrides.pop("num_warps", plan.num_warps))
     opts = {k: v for k, v in plan.opts.items() if k != "num_warps"}  # the plan's maxnreg and num_stages, then --set's
@@ -72,6 +73,9 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
     ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, **opts))
+    if ptx:
+        with open(ptx, "w") as f:
+            f.write(ck.asm["ptx"])
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         open(p, "w").write(ck.asm["ptx"])
@@ -99,11 +103,12 @@ def main():
                     help="C > 512: which vocabulary kernel (cublas: its softmax kernel)")
     ap.add_argument("--set", nargs="*", default=[],
                     help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
+    ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")
     args = ap.parse_args()
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
     ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
-    r = report(plan, args.dtype, over, ints, wdtype=args.wdtype)
+    r = report(plan, args.dtype, over, ints, wdtype=args.wdtype, ptx=args.ptx)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0
 

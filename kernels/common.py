@@ -50,13 +50,14 @@ def item_done(done_ptr):
 
 @triton.jit
 def wait_all(done_ptr, n_items):
-    # Grid barrier over *claimed items*, safe with a partially resident grid. Spin on
-    # volatile loads (reads: cheap for the L2 even with thousands of waiters), then one
-    # acquire to order what follows after every item's release.
+    # Grid barrier over *claimed items*, safe with a partially resident grid. Every thread spins on
+    # volatile loads (reads: cheap for the L2 even with thousands of waiters); its fence after the
+    # load that saw the count is its acquire (PTX's fence-based pattern). No atomic acquire: Triton 3.6
+    # lowers atomic_add(p, 0, sem="acquire") to one thread's load and drops it when the result is unused
+    # (tests/test_local_head.py::test_grid_barrier_acquires_in_every_thread).
     done = tl.load(done_ptr, volatile=True)
     while done < n_items:
         done = tl.load(done_ptr, volatile=True)
-    tl.atomic_add(done_ptr, 0, sem="acquire")
     fence_all_threads()
     tl.debug_barrier()
 

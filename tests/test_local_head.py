@@ -204,6 +204,50 @@ def test_mixed_dtypes_compile_for_the_gpu(loss, C, path):
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
 
 
+
+def _unordered_handoffs(ptx: str) -> list[str]:
+    # the grid barrier's two halves in a kernel's PTX: every spin read of a done-counter (ld.volatile) is
+    # followed by a fence.acq_rel.gpu before the next bar.sync (the waiting thread's acquire), and every
+    # release of a counter comes after a bar.sync with such a fence before it (each thread's stores released)
+    ins = [ln.strip() for ln in ptx.splitlines()]
+    ins = [ln for ln in ins if ln and not ln.startswith(("//", ".loc", "$L", "{", "}", "mov.u32 %r"))]
+    bad = []
+    for i, ln in enumerate(ins):
+        if "ld.volatile.global" in ln:
+            j = next(k for k in range(i, len(ins)) if "bar.sync" in ins[k])
+            if not any("fence.acq_rel.gpu" in x for x in ins[i:j]):
+                bad.append(f"spin read at {i} has no fence before its bar.sync at {j}")
+        if "atom.global.gpu.release" in ln:
+            j = max(k for k in range(i) if "bar.sync" in ins[k])
+            if not any("fence.acq_rel.gpu" in x for x in ins[max(0, j - 8):j]):
+                bad.append(f"release at {i} has no fence before its bar.sync at {j}")
+    return bad
+
+
+@pytest.mark.parametrize("args", [["--loss", "bce", "--C", "1", "--D", "256", "--dtype", "fp32", "--deterministic"],
+                                  ["--loss", "ce", "--C", "256"], ["--vocab-path", "recompute"],
+                                  ["--vocab-path", "vocab_chunks"], ["--vocab-path", "row_chunks"]],
+                         ids=["dense", "small_ce", "recompute", "vocab_chunks", "row_chunks"])
+def test_grid_barrier_acquires_in_every_thread(args, tmp_path):
+    # the ordering the kernels rely on, in the PTX Triton emits for sm_90a (no GPU needed). Triton 3.6
+    # drops an atomic_add(p, 0, sem="acquire") whose result is unused, so nothing but these fences orders
+    # a waiting program's reads after the other programs' writes (docs/local_head.md#memory-ordering).
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = tmp_path / "k.ptx"
+    defaults = ["--C", "1000", "--D", "64"] if "--vocab-path" in args else []
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), *defaults, *args,
+                        "--ptx", str(ptx)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-800:]
+    text = ptx.read_text()
+    assert "ld.volatile.global" in text and "atom.global.gpu.release" in text  # the kernel has a grid barrier
+    assert _unordered_handoffs(text) == []
+    # the check itself: the same PTX without its fences fails it
+    assert _unordered_handoffs(text.replace("fence.acq_rel.gpu;", ""))
+
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
     cfg = LaunchConfig(deterministic=True)
