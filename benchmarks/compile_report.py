@@ -73,13 +73,11 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
     ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, **opts))
-    if ptx:
-        with open(ptx, "w") as f:
-            f.write(ck.asm["ptx"])
     with tempfile.TemporaryDirectory() as d:
-        p = os.path.join(d, "k.ptx")
-        open(p, "w").write(ck.asm["ptx"])
-        r = subprocess.run([get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", p, "-o", p + ".o"],
+        p = ptx or os.path.join(d, "k.ptx")
+        with open(p, "w") as f:
+            f.write(ck.asm["ptx"])
+        r = subprocess.run([get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", p, "-o", os.path.join(d, "k.o")],
                            capture_output=True, text=True)
     log = r.stderr
     regs = re.search(r"Used (\d+) registers", log)

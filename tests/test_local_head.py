@@ -186,23 +186,26 @@ def test_mixed_dtypes_take_the_weight_in_h_dtype(loss, C, hdt, wdt, device):
         assert_three_way(getattr(out, name), getattr(same, name), getattr(ref, name), coarse, name)
 
 
-@pytest.mark.parametrize("loss,C,path", [("bce", 3, None), ("ce", 100, None), ("ce", 1000, None),
-                                         ("ce", 1000, "vocab_chunks"), ("ce", 1000, "row_chunks")])
-def test_mixed_dtypes_compile_for_the_gpu(loss, C, path):
-    # what the interpreter cannot show: Triton's frontend for sm_90a (tl.dot needs one dtype there) accepts
-    # every kernel with bf16 h and fp32 weights. A subprocess: compile_report compiles for the device, not
-    # the interpreter, and needs no GPU (ptxas ships with triton).
+def _compile_report(*args):
+    # benchmarks/compile_report.py in a subprocess: it compiles for the device (sm_90a), not the interpreter,
+    # and needs no GPU (ptxas ships with triton)
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), "--loss", loss,
-                        "--C", str(C), "--D", "64", "--dtype", "bf16", "--wdtype", "fp32"]
-                       + (["--vocab-path", path] if path else []),
-                       capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
+    return subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), *args],
+                          capture_output=True, text=True, env=env)
 
+
+@pytest.mark.parametrize("loss,C,path", [("bce", 3, None), ("ce", 100, None), ("ce", 1000, None),
+                                         ("ce", 1000, "vocab_chunks"), ("ce", 1000, "row_chunks")])
+def test_mixed_dtypes_compile_for_the_gpu(loss, C, path):
+    # what the interpreter cannot show: Triton's frontend for sm_90a (tl.dot needs one dtype there) accepts
+    # every kernel with bf16 h and fp32 weights
+    r = _compile_report("--loss", loss, "--C", str(C), "--D", "64", "--dtype", "bf16", "--wdtype", "fp32",
+                        *(["--vocab-path", path] if path else []))
+    assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
 
 
 def _unordered_handoffs(ptx: str) -> list[str]:
@@ -232,21 +235,16 @@ def test_grid_barrier_acquires_in_every_thread(args, tmp_path):
     # the ordering the kernels rely on, in the PTX Triton emits for sm_90a (no GPU needed). Triton 3.6
     # drops an atomic_add(p, 0, sem="acquire") whose result is unused, so nothing but these fences orders
     # a waiting program's reads after the other programs' writes (docs/local_head.md#memory-ordering).
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     ptx = tmp_path / "k.ptx"
     defaults = ["--C", "1000", "--D", "64"] if "--vocab-path" in args else []
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_report.py"), *defaults, *args,
-                        "--ptx", str(ptx)], capture_output=True, text=True, env=env)
+    r = _compile_report(*defaults, *args, "--ptx", str(ptx))
     assert r.returncode == 0, r.stderr[-800:]
     text = ptx.read_text()
     assert "ld.volatile.global" in text and "atom.global.gpu.release" in text  # the kernel has a grid barrier
     assert _unordered_handoffs(text) == []
     # the check itself: the same PTX without its fences fails it
     assert _unordered_handoffs(text.replace("fence.acq_rel.gpu;", ""))
+
 
 def test_deterministic(device):
     h, w, b, y = make("ce", 781, 50, 17, torch.float32, True, device)
