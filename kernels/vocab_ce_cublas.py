@@ -125,6 +125,10 @@ class CublasLaunch:
         self.cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=block, ONE_PASS=one_pass)  # softmax_dz_kernel's constexprs
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
+        # the CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
+        # their pointers); torch.mm needs the [N, D] matrix
+        shape = h.shape
+        h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
         N, C = h.shape[0], weight.shape[0]
         x = h
         if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
@@ -161,4 +165,4 @@ class CublasLaunch:
                 grad_bias.copy_(gb)
         if self.relu:
             grad_h.masked_fill_(h <= 0, 0)
-        return loss, grad_h
+        return loss, grad_h.view(shape)

@@ -262,3 +262,24 @@ def test_cublas_vocab_refuses_what_it_cannot_run(what, match, device):
         cfg = LaunchConfig(vocab_path="cublas", fp32_precision="ieee")
     with pytest.raises(ValueError, match=match):
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+
+
+def test_cublas_launch_takes_h_and_target_in_their_own_shape(device):
+    # A repeated CUDA call takes the fast path, which calls the prepared launch with h [B, T, D] and the
+    # target [B, T] as the caller gave them (the Triton launches read only pointers; torch.mm needs [N, D]).
+    # Planned for the [N, D] view, called like the fast path: the same loss and gradients, grad_h shaped like h.
+    from erase_triton.kernels.plan import prepare_launch
+
+    torch.manual_seed(0)
+    h = torch.randn(3, 50, 24, device=device)
+    w, b = torch.randn(1000, 24, device=device) * 0.2, torch.randn(1000, device=device) * 0.1
+    y = torch.randint(0, 1000, (3, 50), device=device)
+    gw, gb = torch.empty_like(w), torch.empty_like(b)
+    hl = prepare_launch(h.reshape(-1, 24), w, b, y.reshape(-1), "ce", "mean", -100,
+                        LaunchConfig(vocab_path="cublas", chunk_size=64), gw, gb, False)
+    loss, gh = hl(h, w, b, y, gw, gb)
+    ref = fused_local_head(h, w, b, y, loss="ce", backend="torch")
+    assert gh.shape == h.shape
+    torch.testing.assert_close(loss, ref.loss, rtol=1e-5, atol=1e-6)
+    for got, want in ((gh, ref.grad_h), (gw, ref.grad_weight), (gb, ref.grad_bias)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
