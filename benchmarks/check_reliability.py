@@ -1,7 +1,7 @@
 """Is every GPU step clean and does a long run stay flat? The GPU side of the reliability checks.
 
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py steps   # also racecheck, synccheck
-    compute-sanitizer --tool synccheck python3 benchmarks/check_reliability.py steps --models transformer --execs eager
+    compute-sanitizer --tool synccheck python3 benchmarks/check_reliability.py steps --no-cudnn-sdpa
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py heads
     python3 benchmarks/check_reliability.py soak --steps 2000 --out DIR/soak.csv
 
@@ -113,7 +113,11 @@ def main():
     ap.add_argument("--models", nargs="+", choices=["ctr", "transformer"], default=["ctr", "transformer"],
                     help="steps: which models (to find which step a sanitizer report comes from)")
     ap.add_argument("--execs", nargs="+", choices=["eager", "captured"], default=["eager", "captured"], help="steps: which")
+    ap.add_argument("--no-cudnn-sdpa", action="store_true",
+                    help="steps: keep PyTorch's attention off cuDNN (synccheck flags cuDNN's flash backward kernel)")
     a = ap.parse_args()
+    if a.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if a.steps < 100 or a.steps % 100:
         raise SystemExit(f"--steps: expected a positive multiple of 100, got {a.steps}")
     if not torch.cuda.is_available():
