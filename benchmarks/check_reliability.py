@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py steps   # also racecheck, synccheck
     compute-sanitizer --tool synccheck python3 benchmarks/check_reliability.py steps --no-cudnn-sdpa
-    compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py heads
+    compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py heads [--paths cublas ...]
     python3 benchmarks/check_reliability.py soak --steps 2000 --out DIR/soak.csv
 
 steps: one eager and one captured erase step (adaptive=False: every detach point forks) of the CTR
@@ -44,7 +44,7 @@ def steps(models=("ctr", "transformer"), execs=("eager", "captured")):
             print(f"{name} {'captured' if captured else 'eager'} erase step: forks={sched.last_forks}", flush=True)
 
 
-def heads():
+def heads(paths=None):
     dev = "cuda"
     # ("ce", 256, 128, 256): the transformer's heads in `steps` (16-bit, C <= 256: the GH_T form);
     # ("bce", 1024, 256, 1, fp32): the CTR proxy's heads there (fp32: the C = 1 kernel without a dot)
@@ -54,6 +54,8 @@ def heads():
              ("ce", 513, 128, 5000, "recompute", bf16), ("ce", 513, 128, 5000, "vocab_chunks", bf16),
              ("ce", 513, 128, 5000, "row_chunks", bf16), ("ce", 513, 128, 5000, "cublas", bf16)]
     for loss, N, D, C, path, dt in cases:
+        if paths is not None and (path or "small") not in paths:
+            continue
         for occ in (1 / 32, 1 / 8, None):
             for det in (True, False):
                 g = torch.Generator(device="cpu").manual_seed(0)
@@ -113,6 +115,8 @@ def main():
     ap.add_argument("--models", nargs="+", choices=["ctr", "transformer"], default=["ctr", "transformer"],
                     help="steps: which models (to find which step a sanitizer report comes from)")
     ap.add_argument("--execs", nargs="+", choices=["eager", "captured"], default=["eager", "captured"], help="steps: which")
+    ap.add_argument("--paths", nargs="+", choices=["small", "recompute", "vocab_chunks", "row_chunks", "cublas"],
+                    help="heads: only these kernels (small: the dense and small-vocabulary heads); default all")
     ap.add_argument("--no-cudnn-sdpa", action="store_true",
                     help="steps: keep PyTorch's attention off cuDNN (synccheck flags cuDNN's flash backward kernel)")
     a = ap.parse_args()
@@ -125,7 +129,7 @@ def main():
     if a.what == "steps":
         steps(a.models, a.execs)
     elif a.what == "heads":
-        heads()
+        heads(a.paths)
     else:
         soak(a.steps, a.out)
 
