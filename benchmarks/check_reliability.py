@@ -22,6 +22,7 @@ import math
 import torch
 
 from erase_triton import LaunchConfig, Scheduler, fused_local_head
+from erase_triton.kernels.launch import VOCAB_PATHS
 from erase_triton.bench import ctr_workload, metadata, print_table, transformer_workload, write_csv
 from erase_triton.train import training_step
 
@@ -115,7 +116,7 @@ def main():
     ap.add_argument("--models", nargs="+", choices=["ctr", "transformer"], default=["ctr", "transformer"],
                     help="steps: which models (to find which step a sanitizer report comes from)")
     ap.add_argument("--execs", nargs="+", choices=["eager", "captured"], default=["eager", "captured"], help="steps: which")
-    ap.add_argument("--paths", nargs="+", choices=["small", "recompute", "vocab_chunks", "row_chunks", "cublas"],
+    ap.add_argument("--paths", nargs="+", choices=["small", *VOCAB_PATHS],
                     help="heads: only these kernels (small: the dense and small-vocabulary heads); default all")
     ap.add_argument("--no-cudnn-sdpa", action="store_true",
                     help="steps: keep PyTorch's attention off cuDNN (synccheck flags cuDNN's flash backward kernel)")
