@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from erase_triton.kernels.launch import LaunchConfig, check_occupancy
+from erase_triton.kernels.plan import SMALL_CE_MAX_C
 
 from . import context
 
@@ -61,7 +62,8 @@ class LocalHead(nn.Module):
     occupancy: fraction of SMs for the fused kernel's persistent grid. "auto" (default):
     DEFAULT_OCCUPANCY (1/8, the sweep's best) when the head runs beside the next segment
     (erase mode on CUDA streams) and h has fewer than WHOLE_DEVICE_MIN_ELEMENTS elements, the
-    whole device otherwise. None: always the whole device.
+    whole device otherwise and for every CE head of more than 512 classes (a vocabulary head:
+    7-9x slower at 1/8 of the SMs). None: always the whole device.
     activation: None, or "relu": the head applies the block's last ReLU itself (it receives
     the pre-activation, returns its ReLU) and the fused kernel back-propagates through it,
     saving the ReLU's backward pass; backend="torch" runs a plain F.relu under autograd.
@@ -71,7 +73,8 @@ class LocalHead(nn.Module):
     beside the next segment (erase on CUDA streams; with occupancy="auto" the size rule of
     `launch_config` applies to it until it is replaced). `configure(**fields)` changes other
     LaunchConfig fields in both and keeps the occupancy rule, e.g.
-    ``head.configure(vocab_path="row_chunks")`` for a vocabulary head.
+    ``head.configure(vocab_path="row_chunks")`` for a vocabulary head (whose default path is
+    `kernels.plan.vocab_path_for`'s).
     """
 
     _torch_loss = staticmethod(linear_head_loss)  # the PyTorch path's loss (a subclass may compile it)
@@ -104,6 +107,7 @@ class LocalHead(nn.Module):
         self.config = config if config is not None else LaunchConfig(None if self.auto_occupancy else occupancy)
         self.beside_config = _AUTO_BESIDE if self.auto_occupancy else self.config
         self._auto_beside = self.beside_config if self.auto_occupancy else None  # the object that means "auto"
+        self._vocabulary = loss == "ce" and out_features > SMALL_CE_MAX_C
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -127,8 +131,9 @@ class LocalHead(nn.Module):
         """The kernel's LaunchConfig for input h; beside: the next segment runs concurrently."""
         if not beside:
             return self.config
-        if self.beside_config is self._auto_beside and h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS:
-            return self.config  # "auto" on a large input: the whole device
+        if self.beside_config is self._auto_beside and (h.numel() >= WHOLE_DEVICE_MIN_ELEMENTS or self._vocabulary):
+            # "auto" on a large input, or a vocabulary head (7-9x slower at 1/8 of the SMs): the whole device
+            return self.config
         return self.beside_config
 
     def configure(self, **fields) -> "LocalHead":

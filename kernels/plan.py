@@ -6,7 +6,9 @@ grad_h and the loss and launches one kernel. Why each tile constant: docs/tuning
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import os
 
 import torch
 
@@ -201,8 +203,30 @@ VOCAB_ROW_CHUNKS_MIN_D = 2048
 
 
 def default_vocab_path(D: int) -> str:
-    """The vocabulary CE kernel a launch with vocab_path=None takes, by the width D of h."""
+    """The Triton vocabulary CE kernel a launch with vocab_path=None takes where "cublas" does not apply
+    (`vocab_path_for`), by the width D of h."""
     return "row_chunks" if D >= VOCAB_ROW_CHUNKS_MIN_D else "vocab_chunks"
+
+
+# LaunchConfig fields that only tune the Triton kernels: setting one keeps vocab_path=None on them
+_TRITON_ONLY_FIELDS = ("block_n", "block_d", "num_warps", "num_stages", "group_tiles", "programs_per_sm",
+                       "max_registers", "fp32_precision")
+
+
+def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
+    """The vocabulary CE path of a launch: cfg.vocab_path where set; else "cublas" on CUDA where every
+    one of `dtypes` (h, weight, bias: None where absent) is bf16, at full occupancy
+    (1.6-1.7x the Triton paths' speed at D = 512 and 4096 on an H100, docs/tuning.md#vocabulary-ce-paths),
+    unless a Triton-only field is set or torch's deterministic mode would refuse cuBLAS (no
+    CUBLAS_WORKSPACE_CONFIG); else `default_vocab_path(D)`."""
+    if cfg.vocab_path:
+        return cfg.vocab_path
+    if (cuda and all(d in (None, torch.bfloat16) for d in dtypes) and dtypes[0] is not None
+            and cfg.occupancy in (None, 1.0) and all(getattr(cfg, f) is None for f in _TRITON_ONLY_FIELDS)
+            and not (torch.are_deterministic_algorithms_enabled()
+                     and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"))):
+        return "cublas"
+    return default_vocab_path(D)
 
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
@@ -384,7 +408,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     """Plan one launch for h2 [N, D] (unit stride on D) and y ([N, C] float or [N] int).
     relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
     store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says).
-    A CE head with C > SMALL_CE_MAX_C and vocab_path="cublas" gets a `CublasLaunch` (called alike)."""
+    A CE head with C > SMALL_CE_MAX_C on vocab_path="cublas" (named, or `vocab_path_for`'s choice) gets a
+    `CublasLaunch` (called alike)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -392,6 +417,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if cuda and _device_index(dev) != torch.cuda.current_device():
         raise ValueError(f"h is on {dev} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
                          f"call torch.cuda.set_device({dev}) or use `with torch.cuda.device(...)`")
+    if loss == "ce" and C > SMALL_CE_MAX_C and cfg.vocab_path is None:  # the rule's path, by name from here
+        dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
     if loss == "ce" and C > SMALL_CE_MAX_C and cfg.vocab_path == "cublas":
         check_cublas_inputs(h2, weight, bias, cfg)
         chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,

@@ -58,7 +58,9 @@ def test_relu_activation_matches_reference(loss, N, D, C, dt, bias, occupancy, d
     check(loss, N, D, C, DTYPES[dt], bias, None, device,
           config=LaunchConfig(occupancy=occupancy, deterministic=det), activation="relu")
     kinds = {p.kind for p in klh._PLANS.values()}
-    assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else klh.default_vocab_path(D)}
+    vocab = klh.vocab_path_for(LaunchConfig(occupancy=occupancy, deterministic=det), D,
+                               (DTYPES[dt], DTYPES[dt], DTYPES[dt] if bias else None), device.type == "cuda")
+    assert kinds == {"dense" if loss != "ce" or C <= 64 else "small" if C <= 512 else vocab}
 
 
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
@@ -73,6 +75,42 @@ def test_relu_activation_recompute_path(dt, device):
 def test_default_vocab_path_follows_the_width():
     assert [klh.default_vocab_path(D) for D in (64, 512, 2047, 2048, 4096)] == \
         ["vocab_chunks"] * 3 + ["row_chunks"] * 2
+
+
+def test_vocab_path_rule_takes_cublas_for_bf16_at_full_occupancy(monkeypatch):
+    bf, f32, f16 = torch.bfloat16, torch.float32, torch.float16
+    rule = klh.vocab_path_for
+    base = LaunchConfig()
+    assert rule(base, 512, (bf, bf, bf), True) == rule(base, 4096, (bf, bf, None), True) == "cublas"
+    assert rule(LaunchConfig(occupancy=1.0), 512, (bf, bf, bf), True) == "cublas"
+    assert rule(LaunchConfig(deterministic=True, chunk_size=2048), 512, (bf, bf, bf), True) == "cublas"
+    # otherwise the width rule's Triton path: on the CPU; other dtypes (autocast's fp32 weights, an
+    # fp32 bias, fp16, fp32); a partial occupancy; a Triton-only tuning field
+    for cfg, dtypes, cuda in ((base, (bf, bf, bf), False), (base, (bf, f32, f32), True), (base, (bf, bf, f32), True),
+                              (base, (f16, f16, None), True), (base, (f32, f32, f32), True),
+                              (LaunchConfig(occupancy=0.125), (bf, bf, bf), True),
+                              (LaunchConfig(block_n=64), (bf, bf, bf), True),
+                              (LaunchConfig(num_warps=4), (bf, bf, bf), True)):
+        assert rule(cfg, 512, dtypes, cuda) == "vocab_chunks", (cfg, dtypes, cuda)
+    assert rule(base, 4096, (f32, f32, f32), True) == "row_chunks"
+    assert rule(LaunchConfig(vocab_path="recompute"), 512, (bf, bf, bf), True) == "recompute"  # a named path is kept
+    # torch's deterministic mode refuses cuBLAS without CUBLAS_WORKSPACE_CONFIG: the Triton path then
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert rule(base, 512, (bf, bf, bf), True) == "vocab_chunks"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        assert rule(base, 512, (bf, bf, bf), True) == "cublas"
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_launch_takes_the_rules_vocab_path(monkeypatch, device):
+    # vocab_path=None: prepare_launch runs what vocab_path_for names (here forced to "cublas", which runs anywhere)
+    monkeypatch.setattr(klh, "vocab_path_for", lambda *a: "cublas")
+    klh._PLANS.clear()
+    check("ce", 70, 40, 1000, torch.float32, True, None, device)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
 
 
 @pytest.mark.parametrize("loss,N,D,C,dt,bias,occupancy,det", RELU + [("mse", 63, 130, 17, "fp32", True, None, True)],

@@ -384,6 +384,10 @@ def test_head_occupancy_auto_and_validation():
     assert auto.launch_config(big_h, beside=True).occupancy is None
     assert auto.launch_config(small_h, beside=False).occupancy is None
     assert fixed.launch_config(big_h, beside=True).occupancy == 0.5  # a chosen occupancy is kept at any size
+    # ...and a vocabulary head (CE, more than 512 classes) takes the whole device at any size
+    assert LocalHead(8, 513, "ce").launch_config(small_h, beside=True).occupancy is None
+    assert LocalHead(8, 512, "ce").launch_config(small_h, beside=True).occupancy == DEFAULT_OCCUPANCY
+    assert LocalHead(8, 1000, "ce", occupancy=0.25).launch_config(small_h, beside=True).occupancy == 0.25
     # configure(): other launch fields in both settings, the occupancy rule kept ("auto" stays auto,
     # a fixed occupancy stays fixed); a replaced beside_config is the user's (no size rule)
     for hd in (auto, fixed):
