@@ -59,8 +59,9 @@ class LaunchConfig:
                     adds a partial row to the fixed-order reduction.
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
-    vocab_path:     the vocabulary CE kernel (C > 512). None: "vocab_chunks" below D = 2048, "row_chunks"
-                    from there (`kernels.plan.default_vocab_path`).
+    vocab_path:     the vocabulary CE kernel (C > 512). None: "cublas" on CUDA for bf16 h, weight and bias
+                    at full occupancy with no Triton tile field set, else "vocab_chunks" below D = 2048,
+                    "row_chunks" from there (`kernels.plan.vocab_path_for`).
                     "recompute" (vocab_ce.py): nothing of size N x C in memory; the logits are
                     recomputed once per D chunk of grad_h and of grad_W.
                     "vocab_chunks" (vocab_ce_vocab_chunks.py): four GEMM passes; dz goes through an
@@ -73,7 +74,7 @@ class LaunchConfig:
                     (softmax and dz) a chunk of rows, through an [chunk_size, C] scratch of logits in
                     h's dtype (rounded there, as eager PyTorch rounds them); several launches, no host
                     sync; bf16 or fp32 inputs with weight and bias in h's dtype; the whole device
-                    whatever the occupancy (cuBLAS picks its grid). Never taken by None.
+                    whatever the occupancy (cuBLAS picks its grid).
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
     chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk, rounded up
                     to the kernel's tile. None: the host rule, a scratch of at most
