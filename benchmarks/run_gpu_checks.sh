@@ -31,11 +31,12 @@ for p in $PARTS; do
     # sanitizer: memcheck, racecheck and synccheck over erase steps and every head kernel
     sanitizer) for tool in memcheck racecheck synccheck; do for what in steps heads; do
                  # cuDNN's flash-attention backward is what synccheck flags in the steps (docs/results.md)
-                 timeout ${T_SANITIZER:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
+                 timeout ${T_SANITIZER:-300} compute-sanitizer --tool $tool --print-limit 1000 --error-exitcode 9 \
                    python3 benchmarks/check_reliability.py $what $([ $what = steps ] && echo --no-cudnn-sdpa) \
                    > "$RES/sanitizer_${tool}_${what}.txt" 2>&1
                  echo "$tool $what: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer_${tool}_${what}.txt") clean summaries)"
-                 grep -m1 -A3 "detected\|Invalid\|Race reported" "$RES/sanitizer_${tool}_${what}.txt"  # the first report, with its kernel
+                 # the kernels the reports name, counted (racecheck's on the cublas path: cuBLAS split-K GEMMs)
+                 grep -oE "(access|at) [A-Za-z_][A-Za-z0-9_]+\+0x" "$RES/sanitizer_${tool}_${what}.txt" | sort | uniq -c | head
                done; done ;;
     soak)      timeout ${T_SOAK:-600} python3 benchmarks/check_reliability.py soak --steps 2000 --out "$RES/soak.csv" ;;
     # dp: data parallel over every GPU here (world 1 on a one-GPU machine) and the 1-GPU reference
