@@ -1,9 +1,10 @@
-"""The cuBLAS vocabulary CE path: "ce" with C > 512 as three cuBLAS GEMMs and one Triton kernel a chunk of rows.
+"""The cuBLAS vocabulary CE path: "ce" with C > 512 as three cuBLAS GEMMs and two Triton kernels a chunk of rows;
+the default for bf16 at full occupancy (`plan.vocab_path_for`).
 
-The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 380-436
-TFLOP/s on the H200, against about 620 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands
-the GEMMs to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. Per chunk of rows
-(host-sized, `plan.chunk_size_for`):
+The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 320-440
+TFLOP/s, against about 600 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands the GEMMs
+to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. Per chunk of rows (host-sized,
+`plan.chunk_size_for`):
 
   z        = relu?(h_c) W^T          cuBLAS, into an [R, C] scratch in h's dtype
   softmax_dz_kernel (one program a row): lse of z + b (the row in registers up to 32768 classes, else
