@@ -131,7 +131,7 @@ class CublasLaunch:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
 
     __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "cx", "num_warps", "poison",
-                 "colsum_warps", "__weakref__")
+                 "colsum_warps", "colsum_grid", "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
                  C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None):
@@ -144,6 +144,7 @@ class CublasLaunch:
         block = c2 if one_pass else min(block or TWO_PASS_BLOCK, c2)
         self.num_warps = min(16, max(8, block // 2048)) if cuda else 1
         self.colsum_warps = COLSUM_WARPS if cuda else 1
+        self.colsum_grid = (-(-C // COLSUM_BLOCK_C),)  # (not triton.cdiv: a @jit function, slow from the host)
         self.cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=block, ONE_PASS=one_pass)  # softmax_dz_kernel's constexprs
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
@@ -176,8 +177,8 @@ class CublasLaunch:
             else:
                 grad_weight.addmm_(zc.t(), xc)
             if gb is not None:
-                column_sum_kernel[(triton.cdiv(C, COLSUM_BLOCK_C),)](zc, gb, r1 - r0, C, zc.stride(0), BLOCK_R=COLSUM_BLOCK_R,
-                                                                    BLOCK_C=COLSUM_BLOCK_C, num_warps=self.colsum_warps)
+                column_sum_kernel[self.colsum_grid](zc, gb, r1 - r0, C, zc.stride(0), BLOCK_R=COLSUM_BLOCK_R,
+                                                   BLOCK_C=COLSUM_BLOCK_C, num_warps=self.colsum_warps)
         loss = rows_loss.sum()
         if self.mean:
             loss = loss * scale
