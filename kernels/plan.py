@@ -417,19 +417,20 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if cuda and _device_index(dev) != torch.cuda.current_device():
         raise ValueError(f"h is on {dev} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
                          f"call torch.cuda.set_device({dev}) or use `with torch.cuda.device(...)`")
-    if loss == "ce" and C > SMALL_CE_MAX_C and cfg.vocab_path is None:  # the rule's path, by name from here
-        dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
-    if loss == "ce" and C > SMALL_CE_MAX_C and cfg.vocab_path == "cublas":
-        check_cublas_inputs(h2, weight, bias, cfg)
-        chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
-                               least=CUBLAS_MIN_ROWS)
-        hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON,
-                          cfg.two_pass, cfg.block_v)
-        # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
-        _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
-                          _Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps))
-        return hl
+    if loss == "ce" and C > SMALL_CE_MAX_C:  # a vocabulary head: the rule's path, by name from here
+        if cfg.vocab_path is None:
+            dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
+            cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
+        if cfg.vocab_path == "cublas":
+            check_cublas_inputs(h2, weight, bias, cfg)
+            chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
+                                   least=CUBLAS_MIN_ROWS)
+            hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON,
+                              cfg.two_pass, cfg.block_v)
+            # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
+            _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
+                              _Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps))
+            return hl
     ws = _workspace(dev)
     has_bias = bias is not None
     dot_fp32 = interpreting()
