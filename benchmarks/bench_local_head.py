@@ -10,8 +10,8 @@ V = 256), bf16, against every baseline that installs (Liger and cut-cross-entrop
 benchmarks/run_gpu_checks.sh installs .whl/; PyTorch's chunked `linear_cross_entropy` from torch 2.13), with
 every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
 `ours-row_chunks` and `ours-cublas`: LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
-paths at occupancy 1/8; `ours-cublas two_pass=True` where V <= 32768: its softmax kernel reading each row twice, the A/B of
-its one-pass form; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
+paths at occupancy 1/8; `ours-cublas bias=None` and `ours-cublas bias=None two_pass=True` where V <= 32768: without a
+bias, its softmax kernel holding each row (read once) or the two-read form a bias takes; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
 VOCAB_TUNE's tiles, warps and pipelining depths.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
@@ -185,8 +185,10 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
             for size in sizes:
                 out.append((f"ours-{path} chunk_size={size}",
                             ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, chunk_size=size))))
-        if C <= ONE_PASS_MAX_C:  # A/B: the softmax kernel's two-pass form where one pass is the rule
-            out.append(("ours-cublas two_pass=True", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas", two_pass=True))))
+        if C <= ONE_PASS_MAX_C:  # A/B without a bias: the row held and read once (the rule), or read twice
+            out.append(("ours-cublas bias=None", ours_fn(loss, h, w, None, y, LaunchConfig(vocab_path="cublas"))))
+            out.append(("ours-cublas bias=None two_pass=True",
+                        ours_fn(loss, h, w, None, y, LaunchConfig(vocab_path="cublas", two_pass=True))))
         for path in ("recompute", *TRITON_CHUNKED) if ms_call else ():
             out.append((f"ours-{path} occupancy=0.125", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path, occupancy=0.125))))
     else:

@@ -29,7 +29,7 @@ from erase_triton.kernels import plan as kplan  # noqa: E402
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
 _PTRS = {"z_ptr": "h", "scale_ptr": "fp32", "h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
-         "loss_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
+         "loss_ptr": "fp32", "lse_ptr": "fp32", "out_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 
 
@@ -38,9 +38,9 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic, vocab_path=vocab_path)
     if vocab_path == "cublas" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # the Triton kernel between its GEMMs
-        from erase_triton.kernels.vocab_ce_cublas import CublasLaunch, softmax_dz_kernel
+        from erase_triton.kernels.vocab_ce_cublas import CublasLaunch
         hl = CublasLaunch(1024, True, -100, False, False, True, C, True, False)
-        return kplan._Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps)
+        return kplan._Plan(hl.kernel, "cublas", hl.constexprs, hl.num_warps)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan

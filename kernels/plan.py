@@ -17,7 +17,7 @@ from .dense_head import dense_head_kernel
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
-from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs, softmax_dz_kernel
+from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
@@ -429,7 +429,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                               cfg.two_pass, cfg.block_v)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
             _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
-                              _Plan(softmax_dz_kernel, "cublas", hl.cx, hl.num_warps))
+                              _Plan(hl.kernel, "cublas", hl.constexprs, hl.num_warps))
             return hl
     ws = _workspace(dev)
     has_bias = bias is not None

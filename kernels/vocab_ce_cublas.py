@@ -2,17 +2,20 @@
 the default for bf16 at full occupancy (`plan.vocab_path_for`).
 
 The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 320-440
-TFLOP/s, against about 600 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands the GEMMs
+TFLOP/s, against about 600-750 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands the GEMMs
 to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. Per chunk of rows (host-sized,
 `plan.chunk_size_for`):
 
   z        = relu?(h_c) W^T          cuBLAS, into an [R, C] scratch in h's dtype
-  softmax_dz_kernel (one program a row): lse of z + b (the row in registers up to 32768 classes, else
-             online over column blocks), the row's loss,
-             dz = s * (softmax - onehot(t)) written over z in h's dtype (s: 1 / counted rows for a mean)
+  row_lse_kernel (one program a row): the row's lse of z + b, read once in blocks; its loss and
+             gradient factor s (1 / counted rows for a mean, 0 if ignored)
+  dz_colsum_kernel (one program a block of columns, every row of the chunk):
+             dz = s * (softmax - onehot(t)) written over z in h's dtype; grad_b += column sums of dz in fp32
   grad_h_c = dz W                    cuBLAS, straight into grad_h's rows
   grad_W  += dz^T relu?(h_c)          cuBLAS (addmm: one rounding to grad_W's dtype a chunk, as row_chunks)
-  grad_b  += column sums of dz        column_sum_kernel, in fp32, rounded once at the end
+
+A head without a bias and with at most ONE_PASS_MAX_C classes takes one kernel for the two,
+softmax_dz_kernel: the row held in registers, z read once (LaunchConfig(two_pass=) picks either form).
 
 What it costs against the Triton paths: the logits are rounded to h's dtype before the softmax (as
 eager PyTorch's bf16 Linear rounds them), several launches a call (no host sync: it is capturable),
@@ -20,7 +23,7 @@ and cuBLAS picks its own grid, so `occupancy` does not apply (it takes the whole
 or fp32 (fp32 GEMMs follow torch.backends.cuda.matmul.allow_tf32, like a Linear); fp16 is refused,
 since dz is scaled before it is rounded and fp16 would flush a large vocabulary's dz to zero (the
 Triton paths scale the fp32 sums instead). Deterministic: cuBLAS GEMMs are run-to-run reproducible
-on one device, and the two Triton kernels have no atomics.
+on one device, and the Triton kernels have no atomics.
 Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
 """
 from __future__ import annotations
@@ -31,23 +34,22 @@ import triton.language as tl
 
 from .common import ce_rows, grad_scale
 
-__all__ = ["CublasLaunch", "check_cublas_inputs", "column_sum_kernel", "softmax_dz_kernel"]
+__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "row_lse_kernel", "softmax_dz_kernel"]
 
-# the softmax kernel: a row of up to ONE_PASS_MAX_C classes is read once (16 warps hold 32768 fp32 at 64 a
-# thread); a longer one in blocks of TWO_PASS_BLOCK, twice (the lse, then dz). LaunchConfig(two_pass=, block_v=)
-# overrides both (docs/tuning.md#vocabulary-ce-paths)
-ONE_PASS_MAX_C, TWO_PASS_BLOCK = 32768, 4096
-# column_sum_kernel's tile: the fastest of seven over a [1024, 32000] bf16 chunk on an H100 (36 us, as torch's
-# z.sum(0, dtype=float32), which also allocated 140 MB)
-COLSUM_BLOCK_R, COLSUM_BLOCK_C, COLSUM_WARPS = 64, 128, 8
+# softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
+ONE_PASS_MAX_C = 32768
+# the two-read form, the fastest tiles over [4096, 32000] and [4096, 128256] bf16 on an H100 (of 8 and 6):
+# row_lse_kernel's block (LaunchConfig.block_v overrides it), lanes a running max, warps; dz_colsum_kernel's tile
+LSE_BLOCK, LSE_GROUP, LSE_WARPS = 4096, 8, 4
+DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS = 32, 256, 8
 LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def softmax_dz_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_index,
-                      HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
-    # row r of the chunk: z (logits without the bias) in, dz out, in place; the row's unscaled loss to loss_ptr[r].
-    # ONE_PASS (BLOCK >= C): the row stays in registers between the lse and dz (one read of z, not two)
+def softmax_dz_kernel(z_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_index, MEAN: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # row r of the chunk (no bias, C <= BLOCK): z in, dz out, in place, the row held in registers between its lse
+    # and dz (one read of z); the row's unscaled loss to loss_ptr[r]
     r = tl.program_id(0)
     row = z_ptr + r.to(tl.int64) * stride_z
     t = tl.load(y_ptr + r)
@@ -57,59 +59,85 @@ def softmax_dz_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ign
         scale = grad_scale(tl.load(scale_ptr))  # 0 where every row is ignored (scale = 1 / 0)
     f = tl.where(counts, scale, 0.0) + bad
     o = tl.arange(0, BLOCK)
-    # base 2 throughout (u = z log2(e)): one FMA and one ex2 an element, 18% off the kernel on an H100
-    if ONE_PASS:
-        mc = o < C
-        z = tl.load(row + o, mask=mc, other=float("-inf")).to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(b_ptr + o, mask=mc, other=0.0).to(tl.float32)
-        mx = tl.max(z, 0) * LOG2E
-        lse2 = mx + tl.log2(tl.sum(tl.exp2(z * LOG2E - mx), 0))
-        zt = tl.sum(tl.where(o == t, z, 0.0), 0)
-        dz = f * (tl.exp2(z * LOG2E - lse2) - tl.where(o == t, 1.0, 0.0))
-        tl.store(row + o, dz.to(z_ptr.dtype.element_ty), mask=mc)
-    else:
-        m = tl.full([BLOCK], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK], dtype=tl.float32)
-        zt_l = tl.zeros([BLOCK], dtype=tl.float32)
-        for c0 in range(0, C, BLOCK):  # per lane: running max and sum of exp2, and the target's logit
-            cols = c0 + o
-            mc = cols < C
-            z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
-            if HAS_BIAS:
-                z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
-            u = z * LOG2E
-            m_new = tl.maximum(m, u)
-            ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane of padding only: max -inf, sum 0 (no -inf - -inf)
-            s = s * tl.exp2(m - ref) + tl.exp2(u - ref)
-            m = m_new
-            zt_l += tl.where(cols == t, z, 0.0)
-        mx = tl.max(m, 0)
-        lse2 = mx + tl.log2(tl.sum(s * tl.exp2(m - mx), 0))
-        zt = tl.sum(zt_l, 0)
-        for c0 in range(0, C, BLOCK):
-            cols = c0 + o
-            mc = cols < C
-            z = tl.load(row + cols, mask=mc, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
-            dz = f * (tl.exp2(z * LOG2E - lse2) - tl.where(cols == t, 1.0, 0.0))
-            tl.store(row + cols, dz.to(z_ptr.dtype.element_ty), mask=mc)
+    mc = o < C
+    # base 2 (u = z log2(e)): one FMA and one ex2 an element, 18% off the kernel on an H100
+    z = tl.load(row + o, mask=mc, other=float("-inf")).to(tl.float32)
+    mx = tl.max(z, 0) * LOG2E
+    lse2 = mx + tl.log2(tl.sum(tl.exp2(z * LOG2E - mx), 0))
+    zt = tl.sum(tl.where(o == t, z, 0.0), 0)
+    dz = f * (tl.exp2(z * LOG2E - lse2) - tl.where(o == t, 1.0, 0.0))
+    tl.store(row + o, dz.to(z_ptr.dtype.element_ty), mask=mc)
     tl.store(loss_ptr + r, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad)
 
 
 @triton.jit
-def column_sum_kernel(z_ptr, out_ptr, R, C, stride_z, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # out[c] += sum over the R rows of z[:, c] in fp32: one program a block of columns, its rows in a fixed
-    # order (reproducible, no atomics, no scratch)
+def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_z, ignore_index,
+                   HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # row r of the chunk (z: logits without the bias), read once in blocks of BLOCK: its base-2 lse to lse_ptr[r],
+    # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[R + r] (dz_colsum_kernel
+    # reads both), its unscaled loss to loss_ptr[r]. A running max and sum a GROUP of lanes: one ex2 an element
+    # and one a GROUP, not two an element. Small programs (4 warps), several a SM, keep loads in flight
+    r = tl.program_id(0)
+    R = tl.num_programs(0)
+    row = z_ptr + r.to(tl.int64) * stride_z
+    t = tl.load(y_ptr + r)
+    counts, bad = ce_rows(t, t == t, ignore_index, C)
+    scale = 1.0
+    if MEAN:
+        scale = grad_scale(tl.load(scale_ptr))
+    o = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK // GROUP], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK // GROUP], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK):
+        cols = c0 + o
+        mc = cols < C
+        z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+        u = tl.reshape(z * LOG2E, [BLOCK // GROUP, GROUP])
+        m_new = tl.maximum(m, tl.max(u, 1))
+        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a group of padding only: max -inf, sum 0
+        s = s * tl.exp2(m - ref) + tl.sum(tl.exp2(u - ref[:, None]), 1)
+        m = m_new
+    mx = tl.max(m, 0)
+    lse2 = mx + tl.log2(tl.sum(s * tl.exp2(m - mx), 0))
+    tc = tl.where(counts & (t >= 0) & (t < C), t, 0)  # the target's logit, one load (class 0's where unused)
+    zt = tl.load(row + tc).to(tl.float32)
+    if HAS_BIAS:
+        zt += tl.load(b_ptr + tc).to(tl.float32)
+    tl.store(loss_ptr + r, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad)
+    tl.store(lse_ptr + r, lse2)
+    tl.store(lse_ptr + R + r, tl.where(counts, scale, 0.0) + bad)
+
+
+@triton.jit
+def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, out_ptr, R, C, stride_z,
+                     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # dz over z in place for a block of columns and all R rows of the chunk, from each row's base-2 lse and factor
+    # (row_lse_kernel); with a bias, out[c] += the column's sum of dz in fp32 (before dz is rounded), its rows
+    # in a fixed order: the softmax's second read of z and the column sum's read of dz in one pass
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mc = cols < C
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for r0 in range(0, R, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        acc += tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :],
-                       mask=(rows[:, None] < R) & mc[None, :], other=0.0).to(tl.float32)
-    tl.store(out_ptr + cols, tl.load(out_ptr + cols, mask=mc, other=0.0) + tl.sum(acc, 0), mask=mc)
+        mr = rows < R
+        lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
+        f = tl.load(lse_ptr + R + rows, mask=mr, other=0.0)
+        t = tl.load(y_ptr + rows, mask=mr, other=-1)
+        ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
+        m = mr[:, None] & mc[None, :]
+        z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z += bias[None, :]
+        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(cols[None, :] == t[:, None], 1.0, 0.0))
+        tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
+        if HAS_BIAS:
+            acc += tl.where(m, dz, 0.0)
+    if HAS_BIAS:
+        tl.store(out_ptr + cols, tl.load(out_ptr + cols, mask=mc, other=0.0) + tl.sum(acc, 0), mask=mc)
 
 
 def check_cublas_inputs(h, weight, bias, cfg) -> None:
@@ -130,22 +158,42 @@ class CublasLaunch:
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
 
-    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "cx", "num_warps", "poison",
-                 "colsum_warps", "colsum_grid", "__weakref__")
+    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "one_read_cx",
+                 "lse_cx", "dz_cx", "dz_grid", "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
-                 C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None):
+                 C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None,
+                 lse_tile: tuple | None = None, dz_tile: tuple | None = None):
         self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
-        # LaunchConfig.two_pass / block_v, else: a row in one block where it fits 64 fp32 registers a thread,
-        # else blocks of TWO_PASS_BLOCK lanes over 8 warps (16 a thread), read twice
+        # softmax_dz_kernel where it applies (no column sums to take, the row fits), unless two_pass=True
         c2 = triton.next_power_of_2(C)
-        one_pass = not two_pass if two_pass is not None else c2 <= ONE_PASS_MAX_C
-        block = c2 if one_pass else min(block or TWO_PASS_BLOCK, c2)
-        self.num_warps = min(16, max(8, block // 2048)) if cuda else 1
-        self.colsum_warps = COLSUM_WARPS if cuda else 1
-        self.colsum_grid = (-(-C // COLSUM_BLOCK_C),)  # (not triton.cdiv: a @jit function, slow from the host)
-        self.cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=block, ONE_PASS=one_pass)  # softmax_dz_kernel's constexprs
+        fits = not has_bias and c2 <= ONE_PASS_MAX_C
+        if two_pass is False and not fits:
+            raise ValueError(f"two_pass=False (vocab_path='cublas': the row held, z read once) takes a head without a "
+                             f"bias of at most {ONE_PASS_MAX_C} classes, got C={C}, bias={has_bias}; leave two_pass=None")
+        self.one_read = fits and not two_pass
+        self.one_read_cx = dict(MEAN=mean, BLOCK=c2, num_warps=16 if cuda else 1)
+        lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
+        lb = min(lb, c2)
+        self.lse_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
+        br, bc, w = dz_tile or (DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS)
+        self.dz_cx = dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=w if cuda else 1)
+        self.dz_grid = (-(-C // bc),)  # (not triton.cdiv: a @jit function, slow from the host)
+
+    @property
+    def kernel(self):
+        """The first Triton kernel of a chunk (what plan._PLANS records)."""
+        return softmax_dz_kernel if self.one_read else row_lse_kernel
+
+    @property
+    def constexprs(self) -> dict:
+        """That kernel's constexprs."""
+        return {k: v for k, v in (self.one_read_cx if self.one_read else self.lse_cx).items() if k != "num_warps"}
+
+    @property
+    def num_warps(self) -> int:
+        return (self.one_read_cx if self.one_read else self.lse_cx)["num_warps"]
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         # the CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
@@ -164,21 +212,26 @@ class CublasLaunch:
         scale = torch.reciprocal((y != self.ignore_index).sum(dtype=torch.float32)) if self.mean else rows_loss
         gb = torch.zeros(C, dtype=torch.float32, device=h.device) if self.has_bias else None
         z = torch.empty(min(self.chunk, N), C, dtype=h.dtype, device=h.device)
+        lse = None if self.one_read else torch.empty(2 * min(self.chunk, N), dtype=torch.float32, device=h.device)
         wt = weight.t()
         for r0 in range(0, N, self.chunk):
             r1 = min(r0 + self.chunk, N)
-            zc, xc = z[: r1 - r0], x[r0:r1]
+            zc, xc, yc = z[: r1 - r0], x[r0:r1], y[r0:r1]
             torch.mm(xc, wt, out=zc)
-            softmax_dz_kernel[(r1 - r0,)](zc, bias if self.has_bias else zc, y[r0:r1], scale, rows_loss[r0:r1], C,
-                                          zc.stride(0), self.ignore_index, **self.cx, num_warps=self.num_warps)
+            if self.one_read:
+                softmax_dz_kernel[(r1 - r0,)](zc, yc, scale, rows_loss[r0:r1], C, zc.stride(0), self.ignore_index,
+                                              **self.one_read_cx)
+            else:
+                b = bias if self.has_bias else zc
+                row_lse_kernel[(r1 - r0,)](zc, b, yc, scale, rows_loss[r0:r1], lse, C, zc.stride(0), self.ignore_index,
+                                           **self.lse_cx)
+                dz_colsum_kernel[self.dz_grid](zc, b, yc, lse, gb if gb is not None else lse, r1 - r0, C, zc.stride(0),
+                                               **self.dz_cx)
             torch.mm(zc, weight, out=grad_h[r0:r1])
             if r0 == 0 and not self.accumulate:
                 torch.mm(zc.t(), xc, out=grad_weight)
             else:
                 grad_weight.addmm_(zc.t(), xc)
-            if gb is not None:
-                column_sum_kernel[self.colsum_grid](zc, gb, r1 - r0, C, zc.stride(0), BLOCK_R=COLSUM_BLOCK_R,
-                                                   BLOCK_C=COLSUM_BLOCK_C, num_warps=self.colsum_warps)
         loss = rows_loss.sum()
         if self.mean:
             loss = loss * scale

@@ -196,46 +196,70 @@ def test_cublas_vocab_matches_reference(N, D, C, dt, bias, occupancy, chunks, ac
     assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
 
 
-def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
-    # 300 rows in chunks of 128: three softmax launches of 128, 128 and 44 programs
+def _spy_cublas_kernels(monkeypatch):
+    # every Triton launch of the cublas path: (kernel name, grid, BLOCK constexpr)
     import erase_triton.kernels.vocab_ce_cublas as kc
 
-    grids = []
-    real = kc.softmax_dz_kernel
+    launched = []
 
     class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
+        def __init__(self, name):
+            self.name, self.real = name, getattr(kc, name)
 
-    monkeypatch.setattr(kc, "softmax_dz_kernel", Spy())
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((self.name, grid, kw.get("BLOCK")))
+                return self.real[grid](*args, **kw)
+            return launch
+
+    for name in ("softmax_dz_kernel", "row_lse_kernel", "dz_colsum_kernel"):
+        monkeypatch.setattr(kc, name, Spy(name))
+    return launched
+
+
+def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
+    # 300 rows in chunks of 128: three lse launches of 128, 128 and 44 programs, each followed by dz over the
+    # chunk's rows in blocks of DZ_BLOCK_C columns
+    from erase_triton.kernels.vocab_ce_cublas import DZ_BLOCK_C
+
+    launched = _spy_cublas_kernels(monkeypatch)
     check("ce", 300, 40, 1000, torch.float32, True, None, device, config=LaunchConfig(vocab_path="cublas", chunk_size=100))
-    assert grids == [(128,), (128,), (44,)]
+    dz_grid = (-(-1000 // DZ_BLOCK_C),)
+    assert [(n, g) for n, g, _ in launched] == [("row_lse_kernel", (128,)), ("dz_colsum_kernel", dz_grid)] * 2 + [
+        ("row_lse_kernel", (44,)), ("dz_colsum_kernel", dz_grid)]
 
 
 @pytest.mark.parametrize("C", [1000, 1025])
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
-@pytest.mark.parametrize("two_pass", [None, True])
-def test_cublas_softmax_kernel_both_forms(C, dt, two_pass, monkeypatch, device):
-    # the row in one block (read once; the rule up to 32768 classes), or, with LaunchConfig(two_pass=True,
-    # block_v=256), in blocks of 256 columns read twice: 4 blocks, the last one with 232 columns, or 5 with 1
-    # (its other lanes are padding: max -inf, sum 0); with ignored rows
-    import erase_triton.kernels.vocab_ce_cublas as kc
+@pytest.mark.parametrize("bias,two_pass", [(False, None), (True, None), (False, True), (True, True)])
+def test_cublas_softmax_kernel_both_forms(C, dt, bias, two_pass, monkeypatch, device):
+    # Without a bias, the row held in one block and read once (softmax_dz_kernel); with one, or two_pass=True, the
+    # lse a row in blocks (row_lse_kernel), then dz and the column sums (dz_colsum_kernel). block_v=256 with
+    # C = 1025: 5 blocks, the last with one column (31 of its 32 groups of lanes only padding: max -inf, sum 0);
+    # with ignored rows
+    from erase_triton.kernels.vocab_ce_cublas import LSE_BLOCK
 
-    forms = []
-    real = kc.softmax_dz_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                forms.append((kw["ONE_PASS"], kw["BLOCK"]))
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(kc, "softmax_dz_kernel", Spy())
-    check("ce", 70, 24, C, DTYPES[dt], True, None, device,
+    launched = _spy_cublas_kernels(monkeypatch)
+    check("ce", 70, 24, C, DTYPES[dt], bias, None, device,
           config=LaunchConfig(vocab_path="cublas", two_pass=two_pass, block_v=256 if two_pass else None))
-    assert set(forms) == {(False, 256) if two_pass else (True, triton.next_power_of_2(C))}
+    c2 = triton.next_power_of_2(C)
+    if not bias and not two_pass:
+        assert {(n, b) for n, _, b in launched} == {("softmax_dz_kernel", c2)}
+    else:
+        assert {(n, b) for n, _, b in launched} == {("row_lse_kernel", 256 if two_pass else min(LSE_BLOCK, c2)),
+                                                    ("dz_colsum_kernel", None)}
+
+
+def test_cublas_one_read_form_refuses_a_bias_or_a_long_row(device):
+    h, w, b, y = make("ce", 40, 32, 1000, torch.float32, True, device)
+    with pytest.raises(ValueError, match="two_pass=False .* got C=1000, bias=True"):
+        fused_local_head(h, w, b, y, loss="ce", backend="triton", config=LaunchConfig(vocab_path="cublas", two_pass=False))
+    h2, w2, _, y2 = make("ce", 4, 8, 40000, torch.float32, False, device)
+    with pytest.raises(ValueError, match="two_pass=False .* got C=40000, bias=False"):
+        fused_local_head(h2, w2, None, y2, loss="ce", backend="triton", config=LaunchConfig(vocab_path="cublas", two_pass=False))
+    out = fused_local_head(h, w, None, y, loss="ce", backend="triton", config=LaunchConfig(vocab_path="cublas", two_pass=False))
+    ref = fused_local_head(h, w, None, y, loss="ce", backend="torch")
+    torch.testing.assert_close(out.grad_h, ref.grad_h, rtol=1e-4, atol=1e-6)
 
 
 def test_cublas_vocab_is_bitwise_reproducible(device):
