@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--occupancy", type=float, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS),
-                    help="C > 512: which vocabulary kernel (cublas: its softmax kernel)")
+                    help="C > 512: which vocabulary kernel (cublas: its first Triton kernel)")
     ap.add_argument("--set", nargs="*", default=[],
                     help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")

@@ -45,9 +45,10 @@ class LaunchConfig:
                     logits, loss and dz first (h reduced as it arrives, dz kept in an N-float
                     workspace), then grad_h and grad_W (h again, from L2). No tile is held across
                     the row reduction: fewer registers, loads that pipeline. (vocab_path="cublas")
-                    its softmax kernel reads each row of logits twice, in blocks of block_v columns
-                    (default 4096), instead of holding it (False: held whatever C, spilling above
-                    32768). None: the host rule.
+                    True: each row of logits is read twice, in blocks of block_v columns (default
+                    4096: its lse, then dz), where a head without a bias of at most 32768 classes
+                    would hold it and read it once; False: held, a ValueError where that cannot be
+                    (a bias: its column sums; more classes). None: the host rule.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
                     be below 16 only for the dense kernel with C == 1 (no tl.dot).
     num_stages:     software-pipelining depth: of the row-tile loop (dense kernel), of every K loop
@@ -70,9 +71,10 @@ class LaunchConfig:
                     "row_chunks" (vocab_ce_row_chunks.py): three GEMM passes; softmax numerators, then
                     dz, go through a [chunk_size, C] scratch in h's dtype, and grad_W is summed over the
                     row chunks in its own dtype (one chunk: no extra rounding).
-                    "cublas" (vocab_ce_cublas.py): the three GEMMs by cuBLAS and one Triton kernel
-                    (softmax and dz) a chunk of rows, through an [chunk_size, C] scratch of logits in
-                    h's dtype (rounded there, as eager PyTorch rounds them); several launches, no host
+                    "cublas" (vocab_ce_cublas.py): the three GEMMs by cuBLAS and two Triton kernels
+                    (the rows' lse; dz and grad_b's column sums) a chunk of rows, through an
+                    [chunk_size, C] scratch of logits in h's dtype (rounded there, as eager PyTorch
+                    rounds them); several launches, no host
                     sync; bf16 or fp32 inputs with weight and bias in h's dtype; the whole device
                     whatever the occupancy (cuBLAS picks its grid).
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.

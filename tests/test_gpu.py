@@ -451,7 +451,7 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
 @pytest.mark.parametrize("path", ["cublas", "row_chunks"])
 def test_vocabulary_heads_capture_replay_equals_eager(path):
     # a transformer whose heads take a vocabulary path (1000 classes), fp32 so replay and eager agree to
-    # rounding: the cublas path's several launches (cuBLAS, its softmax kernel, its column sums) in one graph,
+    # rounding: the cublas path's several launches (cuBLAS, its lse and dz kernels) in one graph,
     # with no host sync in a replay
     from erase_triton.bench import set_vocab_path
     from erase_triton.models.transformer import TinyTransformer

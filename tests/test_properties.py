@@ -29,7 +29,7 @@ def head_case(draw, vocab=None):
         cfg = dict(vocab_path=vocab,
                    chunk_size=draw(st.one_of(st.none(), st.integers(1, 1400))),
                    occupancy=draw(st.sampled_from([None, 0.25, 0.5])))
-        if vocab == "cublas":  # its softmax kernel: the row held, or read twice in blocks of block_v columns
+        if vocab == "cublas":  # the rule's form, or the row read twice in blocks of block_v columns
             two_pass = draw(st.sampled_from([None, True]))
             cfg.update(two_pass=two_pass, block_v=draw(st.sampled_from([16, 128, 512])) if two_pass else None)
     dtypes = ["fp32", "bf16"] if cfg.get("vocab_path") == "cublas" else list(DTYPES)  # (cublas refuses fp16)
