@@ -127,7 +127,7 @@ OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
 # chunk sizes of the chunked paths besides the host rule's ("cublas": rows, the rule's at least 1024)
-CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096], "cublas": [256, 2048, 4096]}
+CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096], "cublas": [256, 1024, 2048, 4096]}
 TRITON_CHUNKED = ("vocab_chunks", "row_chunks")  # the chunked Triton kernels: tiles and occupancy apply
 # --vocab --tune: tiles, warps and pipelining depth of the chunked paths (block_n, block_v, block_d, num_warps, num_stages)
 VOCAB_TUNE = [(128, 128, 128, 8, s) for s in (2, 4, 5)] + [

@@ -82,7 +82,8 @@ class LaunchConfig:
                     to the kernel's tile. None: the host rule, a scratch of at most
                     max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
                     least enough rows to give every program a grad_h tile, and "cublas" at least
-                    1024 rows (`kernels.plan.chunk_size_for`).
+                    1024 rows, up to 3/8 of grad_W's bytes, the last chunk the rest
+                    (`kernels.plan.chunk_size_for`).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight

@@ -231,21 +231,25 @@ def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
-# vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned) and their rounding
-CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE = 1024, 64
+# vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned), their rounding, and
+# its scratch: up to 3/8 of grad_W's bytes, chunks not evened out. At (4096, 4096, 128256) on an H100 that is
+# 1536 + 1536 + 1024 rows, faster than 4 x 1024 and than 3 x 1408 in paired rounds (docs/tuning.md#vocabulary-ce-paths)
+CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
 
 
 def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,
-                   least: int = 0) -> int:
+                   least: int = 0, share: float = 1 / 4, even: bool = True) -> int:
     """Columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk: cfg.chunk_size rounded up to `tile`, else
-    as many as a scratch of max(16 MiB, grad_W bytes / 4) holds or `least` if more, then evened out over
-    the chunks that makes; never more than the whole (padded) extent."""
+    as many as a scratch of max(16 MiB, `share` of grad_W's bytes) holds or `least` if more, then (`even`) evened
+    out over the chunks that makes; never more than the whole (padded) extent."""
     whole, across = (C, N) if path == "vocab_chunks" else (N, _cdiv(C, tile) * tile)
     whole_pad = _cdiv(whole, tile) * tile
     if cfg.chunk_size:
         return min(_cdiv(cfg.chunk_size, tile) * tile, whole_pad)
-    budget = max(_CHUNK_MIN_BYTES, C * D * w_size // 4)
+    budget = max(_CHUNK_MIN_BYTES, int(C * D * w_size * share))
     most = max(tile, least, budget // (max(across, 1) * h_size) // tile * tile)
+    if not even:
+        return min(most, whole_pad)
     n_chunks = _cdiv(whole, most)
     return min(_cdiv(_cdiv(whole, n_chunks), tile) * tile, whole_pad)
 
@@ -424,7 +428,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         if cfg.vocab_path == "cublas":
             check_cublas_inputs(h2, weight, bias, cfg)
             chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
-                                   least=CUBLAS_MIN_ROWS)
+                                   least=CUBLAS_MIN_ROWS, share=CUBLAS_SCRATCH_SHARE, even=False)
             hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON,
                               cfg.two_pass, cfg.block_v)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)

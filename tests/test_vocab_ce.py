@@ -123,12 +123,15 @@ def test_chunk_size_rule():
     assert rule("row_chunks", 4096, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096
     assert rule("row_chunks", 8192, 32000, 512, 2, 2, 128, cfg, least=33 * 128) == 4096  # two even chunks
     assert rule("row_chunks", 4096, 1000, 50, 4, 4, 128, LaunchConfig(chunk_size=300)) == 384
-    # cublas: rows in 64s, at least CUBLAS_MIN_ROWS (1024) a chunk; all rows where fewer
-    least, t = klh.CUBLAS_MIN_ROWS, klh.CUBLAS_ROW_TILE
-    assert rule("cublas", 4096, 128256, 4096, 2, 2, t, cfg, least=least) == 1024  # the budget: a quarter of grad_W
-    assert rule("cublas", 4096, 32000, 512, 2, 2, t, cfg, least=least) == 1024  # the floor, above 16 MiB's 256 rows
-    assert rule("cublas", 300, 1000, 40, 2, 2, t, cfg, least=least) == 320
-    assert rule("cublas", 4096, 32000, 512, 2, 2, t, LaunchConfig(chunk_size=100), least=least) == 128
+    # cublas: rows in 64s, at least CUBLAS_MIN_ROWS (1024) a chunk, a scratch of up to 3/8 of grad_W, not evened
+    # out (1536 + 1536 + 1024 rows, not 3 x 1408); all rows where fewer
+    kw = dict(least=klh.CUBLAS_MIN_ROWS, share=klh.CUBLAS_SCRATCH_SHARE, even=False)
+    t = klh.CUBLAS_ROW_TILE
+    assert rule("cublas", 4096, 128256, 4096, 2, 2, t, cfg, **kw) == 1536
+    assert rule("cublas", 4096, 128256, 4096, 2, 2, t, cfg, least=kw["least"], share=3 / 8) == 1408  # (evened out)
+    assert rule("cublas", 4096, 32000, 512, 2, 2, t, cfg, **kw) == 1024  # the floor, above 16 MiB's 256 rows
+    assert rule("cublas", 300, 1000, 40, 2, 2, t, cfg, **kw) == 320
+    assert rule("cublas", 4096, 32000, 512, 2, 2, t, LaunchConfig(chunk_size=100), **kw) == 128
 
 
 @pytest.mark.parametrize("kw,match", [(dict(vocab_path="fast"), "vocab_path must be one of"),
