@@ -230,7 +230,7 @@ def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
 
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
-_CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most grad_W / 4
+_CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most a share of grad_W
 # vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned), their rounding, and
 # its scratch: up to 3/8 of grad_W's bytes, chunks not evened out. At (4096, 4096, 128256) on an H100 that is
 # 1536 + 1536 + 1024 rows, faster than 4 x 1024 and than 3 x 1408 in paired rounds (docs/tuning.md#vocabulary-ce-paths)

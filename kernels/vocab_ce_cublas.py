@@ -164,6 +164,7 @@ class CublasLaunch:
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
                  C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None,
                  lse_tile: tuple | None = None, dz_tile: tuple | None = None):
+        # lse_tile (block, group, warps) and dz_tile (rows, columns, warps): the two-read kernels' tiles, for tuning
         self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
         # softmax_dz_kernel where it applies (no column sums to take, the row fits), unless two_pass=True
@@ -173,7 +174,7 @@ class CublasLaunch:
             raise ValueError(f"two_pass=False (vocab_path='cublas': the row held, z read once) takes a head without a "
                              f"bias of at most {ONE_PASS_MAX_C} classes, got C={C}, bias={has_bias}; leave two_pass=None")
         self.one_read = fits and not two_pass
-        self.one_read_cx = dict(MEAN=mean, BLOCK=c2, num_warps=16 if cuda else 1)
+        self.one_read_cx = dict(MEAN=mean, BLOCK=c2, num_warps=min(16, max(8, c2 // 2048)) if cuda else 1)
         lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
         lb = min(lb, c2)
         self.lse_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
