@@ -10,9 +10,10 @@ V = 256), bf16, against every baseline that installs (Liger and cut-cross-entrop
 benchmarks/run_gpu_checks.sh installs .whl/; PyTorch's chunked `linear_cross_entropy` from torch 2.13), with
 every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
 `ours-row_chunks` and `ours-cublas`: LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
-paths at occupancy 1/8; `ours-cublas bias=None` and `ours-cublas bias=None two_pass=True` where V <= 32768: without a
-bias, its softmax kernel holding each row (read once) or the two-read form a bias takes; `ours` where V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over
-VOCAB_TUNE's tiles, warps and pipelining depths.
+paths at occupancy 1/8; `ours-cublas bias=None` and `ours-cublas bias=None two_pass=True` where V <= 32768:
+without a bias, its softmax kernel holding each row (read once) or the two-read form a bias takes; `ours` where
+V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over VOCAB_TUNE's tiles, warps and
+pipelining depths.
 
 Each row: one head call (logits, loss, grad_h, grad_W, grad_b). `floor_us` is the
 larger of bytes/copy-bandwidth (copy bandwidth measured in this run) and 3 GEMMs at
