@@ -158,8 +158,8 @@ class CublasLaunch:
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
 
-    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "one_read_cx",
-                 "lse_cx", "dz_cx", "dz_grid", "__weakref__")
+    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "first_cx",
+                 "dz_cx", "dz_grid", "__weakref__")
 
     def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
                  C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None,
@@ -174,10 +174,12 @@ class CublasLaunch:
             raise ValueError(f"two_pass=False (vocab_path='cublas': the row held, z read once) takes a head without a "
                              f"bias of at most {ONE_PASS_MAX_C} classes, got C={C}, bias={has_bias}; leave two_pass=None")
         self.one_read = fits and not two_pass
-        self.one_read_cx = dict(MEAN=mean, BLOCK=c2, num_warps=min(16, max(8, c2 // 2048)) if cuda else 1)
-        lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
-        lb = min(lb, c2)
-        self.lse_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
+        if self.one_read:  # the first (here the only) Triton kernel's launch keywords
+            self.first_cx = dict(MEAN=mean, BLOCK=c2, num_warps=min(16, max(8, c2 // 2048)) if cuda else 1)
+        else:
+            lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
+            lb = min(lb, c2)
+            self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
         br, bc, w = dz_tile or (DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS)
         self.dz_cx = dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=w if cuda else 1)
         self.dz_grid = (-(-C // bc),)  # (not triton.cdiv: a @jit function, slow from the host)
@@ -190,11 +192,11 @@ class CublasLaunch:
     @property
     def constexprs(self) -> dict:
         """That kernel's constexprs."""
-        return {k: v for k, v in (self.one_read_cx if self.one_read else self.lse_cx).items() if k != "num_warps"}
+        return {k: v for k, v in self.first_cx.items() if k != "num_warps"}
 
     @property
     def num_warps(self) -> int:
-        return (self.one_read_cx if self.one_read else self.lse_cx)["num_warps"]
+        return self.first_cx["num_warps"]
 
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         # the CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
@@ -221,11 +223,11 @@ class CublasLaunch:
             torch.mm(xc, wt, out=zc)
             if self.one_read:
                 softmax_dz_kernel[(r1 - r0,)](zc, yc, scale, rows_loss[r0:r1], C, zc.stride(0), self.ignore_index,
-                                              **self.one_read_cx)
+                                              **self.first_cx)
             else:
                 b = bias if self.has_bias else zc
                 row_lse_kernel[(r1 - r0,)](zc, b, yc, scale, rows_loss[r0:r1], lse, C, zc.stride(0), self.ignore_index,
-                                           **self.lse_cx)
+                                           **self.first_cx)
                 dz_colsum_kernel[self.dz_grid](zc, b, yc, lse, gb if gb is not None else lse, r1 - r0, C, zc.stride(0),
                                                **self.dz_cx)
             torch.mm(zc, weight, out=grad_h[r0:r1])
