@@ -38,9 +38,9 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cfg = kl.LaunchConfig(occupancy=occupancy, deterministic=deterministic, vocab_path=vocab_path)
     if vocab_path == "cublas" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # the Triton kernel between its GEMMs
-        from erase_triton.kernels.vocab_ce_cublas import CublasLaunch
-        hl = CublasLaunch(1024, True, -100, False, False, True, C, True, False)
-        return kplan._Plan(hl.kernel, "cublas", hl.constexprs, hl.num_warps)
+        from erase_triton.kernels.vocab_ce_cublas import first_kernel, row_lse_kernel
+        cx = first_kernel(C, True, True, True)[1]  # (with a bias: row_lse_kernel)
+        return kplan._Plan(row_lse_kernel, "cublas", cx, cx.pop("num_warps"))
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan

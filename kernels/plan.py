@@ -17,6 +17,7 @@ from .dense_head import dense_head_kernel
 from .launch import LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
+from .direct import direct_launcher
 from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
@@ -391,21 +392,6 @@ class HeadLaunch:
         return loss_out, grad_h
 
 
-def _direct_launcher(hl: HeadLaunch, compiled) -> None:
-    # Triton's CudaLauncher.__call__ allocates scratch (none here) and forwards to the C
-    # `launch`; call that directly when nothing else is needed, else fall back to __call__.
-    launcher = compiled.run  # loads the binary on first use
-    hl.function, hl.packed = compiled.function, compiled.packed_metadata
-    plain = (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
-             and hasattr(launcher, "launch"))
-    if plain:
-        hl.raw, hl.coop, hl.pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
-    else:
-        def raw(gx, gy, gz, stream, function, _coop, _pdl, _gs, _ps, packed, *rest):
-            launcher(gx, gy, gz, stream, function, packed, *rest)
-        hl.raw, hl.coop, hl.pdl = raw, None, None
-
-
 def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index: int, cfg: LaunchConfig,
                    grad_weight: torch.Tensor, grad_bias, accumulate: bool, relu: bool = False,
                    store_act: bool = False) -> HeadLaunch:
@@ -429,8 +415,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             check_cublas_inputs(h2, weight, bias, cfg)
             chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
                                    least=CUBLAS_MIN_ROWS, share=CUBLAS_SCRATCH_SHARE, even=False)
-            hl = CublasLaunch(chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, C, cuda, POISON,
-                              cfg.two_pass, cfg.block_v)
+            hl = CublasLaunch(N, C, chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, dev,
+                              POISON, cfg.two_pass, cfg.block_v,
+                              example=(h2.dtype, bias, y, grad_bias) if cuda else None)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
             _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
                               _Plan(hl.kernel, "cublas", hl.constexprs, hl.num_warps))
@@ -539,5 +526,5 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if cuda:
         hl.index = _device_index(dev)
         hl.compiled = plan.kernel.warmup(*args(P, G, tpg, inv_count), grid=(P,), **plan.opts, **cx)
-        _direct_launcher(hl, hl.compiled)
+        hl.raw, hl.function, hl.packed, hl.coop, hl.pdl = direct_launcher(hl.compiled)
     return hl

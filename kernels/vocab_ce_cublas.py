@@ -32,9 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import ce_rows, grad_scale
+from .common import ce_rows, grad_scale, store_scalar, sum_vec
+from .direct import KernelLaunch
 
-__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "row_lse_kernel", "softmax_dz_kernel"]
+__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel", "mean_scale_kernel", "row_lse_kernel",
+           "softmax_dz_kernel"]
 
 # softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
 ONE_PASS_MAX_C = 32768
@@ -111,11 +113,14 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
 
 
 @triton.jit
-def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, out_ptr, R, C, stride_z,
-                     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, gb_ptr, grad_bias_ptr, rows_loss_ptr, scale_ptr, loss_ptr,
+                     R, N, C, stride_z, HAS_BIAS: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+                     ACCUMULATE: tl.constexpr, MEAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # dz over z in place for a block of columns and all R rows of the chunk, from each row's base-2 lse and factor
-    # (row_lse_kernel); with a bias, out[c] += the column's sum of dz in fp32 (before dz is rounded), its rows
-    # in a fixed order: the softmax's second read of z and the column sum's read of dz in one pass
+    # (row_lse_kernel); with a bias, the column's sum of dz in fp32 (before dz is rounded), its rows in a fixed
+    # order: the softmax's second read of z and the column sum's read of dz in one pass. The sums go to gb_ptr
+    # (fp32, across chunks: added from the second chunk on); the last chunk's to grad_bias in its dtype, and there
+    # program 0 also sums the N rows' losses into loss_ptr: no zero-fill, copy or sum launches around the chunks
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mc = cols < C
     if HAS_BIAS:
@@ -137,7 +142,44 @@ def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, out_ptr, R, C, stride_z,
         if HAS_BIAS:
             acc += tl.where(m, dz, 0.0)
     if HAS_BIAS:
-        tl.store(out_ptr + cols, tl.load(out_ptr + cols, mask=mc, other=0.0) + tl.sum(acc, 0), mask=mc)
+        col = tl.sum(acc, 0)
+        if not FIRST:
+            col += tl.load(gb_ptr + cols, mask=mc, other=0.0)
+        if LAST:
+            if ACCUMULATE:  # (as grad_bias.add_(fp32 sums): added in fp32, rounded once)
+                col += tl.load(grad_bias_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+            tl.store(grad_bias_ptr + cols, col.to(grad_bias_ptr.dtype.element_ty), mask=mc)
+        else:
+            tl.store(gb_ptr + cols, col, mask=mc)
+    if LAST:
+        if tl.program_id(0) == 0:
+            loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
+
+
+@triton.jit
+def loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN: tl.constexpr):
+    # the call's loss: its N rows' losses summed in a fixed order, times the mean's scale (1 / counted rows: a NaN
+    # loss where every row is ignored, as PyTorch's)
+    total = sum_vec(rows_loss_ptr, N, 1024)
+    if MEAN:
+        total = total * tl.load(scale_ptr)
+    store_scalar(loss_ptr, total)
+
+
+@triton.jit
+def loss_total_kernel(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN: tl.constexpr):
+    # the one-read form's loss (the two-read form's last dz_colsum_kernel takes it)
+    loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
+
+
+@triton.jit
+def mean_scale_kernel(y_ptr, N, ignore_index, scale_ptr, BLOCK: tl.constexpr):
+    # reduction="mean": 1 / the rows not ignored (inf where none is), before any chunk reads it
+    n = tl.zeros([BLOCK], dtype=tl.int32)
+    for i0 in range(0, N, BLOCK):
+        o = i0 + tl.arange(0, BLOCK)
+        n += (tl.load(y_ptr + o, mask=o < N, other=ignore_index) != ignore_index).to(tl.int32)
+    store_scalar(scale_ptr, tl.math.div_rn(1.0, tl.sum(n, 0).to(tl.float32)))
 
 
 def check_cublas_inputs(h, weight, bias, cfg) -> None:
@@ -154,35 +196,96 @@ def check_cublas_inputs(h, weight, bias, cfg) -> None:
                          "torch.backends.cuda.matmul.allow_tf32; leave fp32_precision=None")
 
 
+def first_kernel(C: int, has_bias: bool, mean: bool, cuda: bool, two_pass: bool | None = None,
+                 block: int | None = None, lse_tile: tuple | None = None) -> tuple[bool, dict]:
+    """(one_read, launch keywords) of a chunk's first Triton kernel: softmax_dz_kernel where it applies (no column
+    sums to take, the row fits) unless two_pass=True, else row_lse_kernel."""
+    c2 = triton.next_power_of_2(C)
+    fits = not has_bias and c2 <= ONE_PASS_MAX_C
+    if two_pass is False and not fits:
+        raise ValueError(f"two_pass=False (vocab_path='cublas': the row held, z read once) takes a head without a "
+                         f"bias of at most {ONE_PASS_MAX_C} classes, got C={C}, bias={has_bias}; leave two_pass=None")
+    if fits and not two_pass:
+        return True, dict(MEAN=mean, BLOCK=c2, num_warps=min(16, max(8, c2 // 2048)) if cuda else 1)
+    lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
+    lb = min(lb, c2)
+    return False, dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
+
+
 class CublasLaunch:
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
-    (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h)."""
+    (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
-    __slots__ = ("chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "first_cx",
-                 "dz_cx", "dz_grid", "__weakref__")
+    N rows in chunks of `chunk`; `two_pass` and `block` as LaunchConfig's. lse_tile (block, group, warps) and
+    dz_tile (rows, columns, warps): the two-read kernels' tiles, for tuning. example (CUDA): (h's dtype, bias, y,
+    grad_bias) of the signature being prepared. Each Triton kernel is then compiled here for them and launched
+    directly (kernels/direct.py): a call costs the host its cuBLAS calls and a few microseconds a Triton launch.
+    Without it (the CPU interpreter), `kernel[grid](...)`."""
 
-    def __init__(self, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool, has_bias: bool,
-                 C: int, cuda: bool, poison: bool, two_pass: bool | None = None, block: int | None = None,
-                 lse_tile: tuple | None = None, dz_tile: tuple | None = None):
-        # lse_tile (block, group, warps) and dz_tile (rows, columns, warps): the two-read kernels' tiles, for tuning
-        self.chunk, self.mean, self.ignore_index, self.relu = chunk, mean, ignore_index, relu
+    __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "first_cx",
+                 "index", "scale_launch", "steps", "loss_launch", "n_buf", "o_lse", "o_gb", "o_scale", "loss_like",
+                 "__weakref__")
+
+    def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
+                 has_bias: bool, device: torch.device, poison: bool = False, two_pass: bool | None = None,
+                 block: int | None = None, lse_tile: tuple | None = None, dz_tile: tuple | None = None,
+                 example: tuple | None = None):
+        R = min(chunk, N)
+        self.N, self.C, self.chunk, self.mean, self.ignore_index, self.relu = N, C, R, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
-        # softmax_dz_kernel where it applies (no column sums to take, the row fits), unless two_pass=True
-        c2 = triton.next_power_of_2(C)
-        fits = not has_bias and c2 <= ONE_PASS_MAX_C
-        if two_pass is False and not fits:
-            raise ValueError(f"two_pass=False (vocab_path='cublas': the row held, z read once) takes a head without a "
-                             f"bias of at most {ONE_PASS_MAX_C} classes, got C={C}, bias={has_bias}; leave two_pass=None")
-        self.one_read = fits and not two_pass
-        if self.one_read:  # the first (here the only) Triton kernel's launch keywords
-            self.first_cx = dict(MEAN=mean, BLOCK=c2, num_warps=min(16, max(8, c2 // 2048)) if cuda else 1)
-        else:
-            lb, lg, lw = lse_tile or (block or LSE_BLOCK, LSE_GROUP, LSE_WARPS)
-            lb = min(lb, c2)
-            self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
-        br, bc, w = dz_tile or (DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS)
-        self.dz_cx = dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=w if cuda else 1)
-        self.dz_grid = (-(-C // bc),)  # (not triton.cdiv: a @jit function, slow from the host)
+        cuda = example is not None
+        self.one_read, self.first_cx = first_kernel(C, has_bias, mean, cuda, two_pass, block, lse_tile)
+        br, bc, dw = dz_tile or (DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS)
+        # the fp32 scratch, one allocation: [rows' losses N | lse and factor 2R | grad_b's sums C | scale 1], each
+        # part at a 16-byte boundary (what the direct launches were compiled for)
+        pad = lambda n: -(-n // 4) * 4  # noqa: E731
+        self.o_lse = pad(N)
+        self.o_gb = self.o_lse + (0 if self.one_read else pad(2 * R))
+        self.o_scale = self.o_gb + (pad(C) if has_bias else 0)
+        self.n_buf = self.o_scale + 1
+        self.loss_like = torch.empty((), dtype=torch.float32, device=device)
+        self.index = None
+        if cuda:
+            self.index = device.index if device.index is not None else torch.cuda.current_device()
+            # the chunks' slices of y and of the rows' losses start where the whole tensors' alignment holds
+            hdt, bias, y, grad_bias = example
+            assert R == N or (R * 4 % 16 == 0 and R * y.element_size() % 16 == 0), \
+                f"chunks of {R} rows would change the alignment of their slices of y and of the losses"
+            f32 = torch.float32
+            b_ex = bias if has_bias else hdt  # (without a bias: z, an unused pointer)
+            gb_ex = grad_bias if has_bias else f32  # (without a bias: the scratch, unused)
+
+        def launch(kernel, grid, cx, example):
+            cx = dict(cx)
+            warps = cx.pop("num_warps")
+            return KernelLaunch(kernel, grid, cx, warps, example() if cuda else None)
+
+        self.scale_launch = None
+        if mean:
+            self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
+                                       lambda: (y, N, ignore_index, f32))
+        built, self.steps = {}, []
+        for r0 in range(0, N, R):
+            r1 = min(r0 + R, N)
+            first, last = r0 == 0, r1 == N
+            key = (r1 - r0, first, last)
+            if key not in built:
+                if self.one_read:
+                    a = launch(softmax_dz_kernel, r1 - r0, self.first_cx, lambda: (hdt, y, f32, f32, C, C, ignore_index))
+                    d = None
+                else:
+                    a = launch(row_lse_kernel, r1 - r0, self.first_cx,
+                               lambda: (hdt, b_ex, y, f32, f32, f32, C, C, ignore_index))
+                    dcx = dict(HAS_BIAS=has_bias, FIRST=first, LAST=last, ACCUMULATE=accumulate, MEAN=mean,
+                               BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1)
+                    d = launch(dz_colsum_kernel, -(-C // bc), dcx,  # (not triton.cdiv: a @jit function)
+                               lambda n=r1 - r0: (hdt, b_ex, y, f32, f32, gb_ex, f32, f32, f32, n, N, C, C))
+                built[key] = (a, d)
+            self.steps.append((r0, r1) + built[key])
+        self.loss_launch = None
+        if self.one_read:
+            self.loss_launch = launch(loss_total_kernel, 1, dict(MEAN=mean, num_warps=4 if cuda else 1),
+                                      lambda: (f32, N, f32, f32))
 
     @property
     def kernel(self):
@@ -203,46 +306,46 @@ class CublasLaunch:
         # their pointers); torch.mm needs the [N, D] matrix
         shape = h.shape
         h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
-        N, C = h.shape[0], weight.shape[0]
+        N, C = self.N, self.C
+        stream = None if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
         x = h
         if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
             x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
         grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
-        rows_loss = torch.empty(N, dtype=torch.float32, device=h.device)
+        buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
+        loss = torch.empty_like(self.loss_like)
+        z = torch.empty(self.chunk, C, dtype=h.dtype, device=h.device)
         if self.poison:  # (tests) an element nobody writes stays NaN
             grad_h.fill_(float("nan"))
-            rows_loss.fill_(float("nan"))
-        scale = torch.reciprocal((y != self.ignore_index).sum(dtype=torch.float32)) if self.mean else rows_loss
-        gb = torch.zeros(C, dtype=torch.float32, device=h.device) if self.has_bias else None
-        z = torch.empty(min(self.chunk, N), C, dtype=h.dtype, device=h.device)
-        lse = None if self.one_read else torch.empty(2 * min(self.chunk, N), dtype=torch.float32, device=h.device)
+            buf.fill_(float("nan"))
+            loss.fill_(float("nan"))
+        rows_loss = buf[:N]
+        lse = buf[self.o_lse:self.o_gb]
+        scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
+        if self.scale_launch is not None:
+            self.scale_launch(stream, y, N, self.ignore_index, scale)
+        if self.has_bias:
+            gb = buf[self.o_gb:self.o_scale]
+        else:
+            bias, gb, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
         wt = weight.t()
-        for r0 in range(0, N, self.chunk):
-            r1 = min(r0 + self.chunk, N)
-            zc, xc, yc = z[: r1 - r0], x[r0:r1], y[r0:r1]
+        ii = self.ignore_index
+        for r0, r1, rows_k, dz_k in self.steps:
+            zc = z if r1 - r0 == self.chunk else z[: r1 - r0]
+            xc, yc = x[r0:r1], y[r0:r1]
             torch.mm(xc, wt, out=zc)
-            if self.one_read:
-                softmax_dz_kernel[(r1 - r0,)](zc, yc, scale, rows_loss[r0:r1], C, zc.stride(0), self.ignore_index,
-                                              **self.first_cx)
+            if dz_k is None:  # the one-read form
+                rows_k(stream, zc, yc, scale, rows_loss[r0:r1], C, C, ii)
             else:
-                b = bias if self.has_bias else zc
-                row_lse_kernel[(r1 - r0,)](zc, b, yc, scale, rows_loss[r0:r1], lse, C, zc.stride(0), self.ignore_index,
-                                           **self.first_cx)
-                dz_colsum_kernel[self.dz_grid](zc, b, yc, lse, gb if gb is not None else lse, r1 - r0, C, zc.stride(0),
-                                               **self.dz_cx)
+                rows_k(stream, zc, bias, yc, scale, rows_loss[r0:r1], lse, C, C, ii)
+                dz_k(stream, zc, bias, yc, lse, gb, grad_bias, rows_loss, scale, loss, r1 - r0, N, C, C)
             torch.mm(zc, weight, out=grad_h[r0:r1])
             if r0 == 0 and not self.accumulate:
                 torch.mm(zc.t(), xc, out=grad_weight)
             else:
                 grad_weight.addmm_(zc.t(), xc)
-        loss = rows_loss.sum()
-        if self.mean:
-            loss = loss * scale
-        if gb is not None:
-            if self.accumulate:
-                grad_bias.add_(gb)
-            else:
-                grad_bias.copy_(gb)
+        if self.loss_launch is not None:
+            self.loss_launch(stream, rows_loss, N, scale, loss)
         if self.relu:
             grad_h.masked_fill_(h <= 0, 0)
         return loss, grad_h.view(shape)

@@ -200,23 +200,17 @@ def test_cublas_vocab_matches_reference(N, D, C, dt, bias, occupancy, chunks, ac
 
 
 def _spy_cublas_kernels(monkeypatch):
-    # every Triton launch of the cublas path: (kernel name, grid, BLOCK constexpr)
-    import erase_triton.kernels.vocab_ce_cublas as kc
+    # every Triton launch of the cublas path, direct (CUDA) or not: (kernel name, grid, BLOCK constexpr)
+    from erase_triton.kernels.direct import KernelLaunch
 
     launched = []
+    real = KernelLaunch.__call__
 
-    class Spy:
-        def __init__(self, name):
-            self.name, self.real = name, getattr(kc, name)
+    def spy(self, stream, *args):
+        launched.append((self.name, (self.grid,), self.cx.get("BLOCK")))
+        return real(self, stream, *args)
 
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launched.append((self.name, grid, kw.get("BLOCK")))
-                return self.real[grid](*args, **kw)
-            return launch
-
-    for name in ("softmax_dz_kernel", "row_lse_kernel", "dz_colsum_kernel"):
-        monkeypatch.setattr(kc, name, Spy(name))
+    monkeypatch.setattr(KernelLaunch, "__call__", spy)
     return launched
 
 
@@ -228,8 +222,8 @@ def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
     launched = _spy_cublas_kernels(monkeypatch)
     check("ce", 300, 40, 1000, torch.float32, True, None, device, config=LaunchConfig(vocab_path="cublas", chunk_size=100))
     dz_grid = (-(-1000 // DZ_BLOCK_C),)
-    assert [(n, g) for n, g, _ in launched] == [("row_lse_kernel", (128,)), ("dz_colsum_kernel", dz_grid)] * 2 + [
-        ("row_lse_kernel", (44,)), ("dz_colsum_kernel", dz_grid)]
+    assert [(n, g) for n, g, _ in launched] == [("mean_scale_kernel", (1,))] + [
+        ("row_lse_kernel", (128,)), ("dz_colsum_kernel", dz_grid)] * 2 + [("row_lse_kernel", (44,)), ("dz_colsum_kernel", dz_grid)]
 
 
 @pytest.mark.parametrize("C", [1000, 1025])
@@ -246,10 +240,11 @@ def test_cublas_softmax_kernel_both_forms(C, dt, bias, two_pass, monkeypatch, de
     check("ce", 70, 24, C, DTYPES[dt], bias, None, device,
           config=LaunchConfig(vocab_path="cublas", two_pass=two_pass, block_v=256 if two_pass else None))
     c2 = triton.next_power_of_2(C)
-    if not bias and not two_pass:
-        assert {(n, b) for n, _, b in launched} == {("softmax_dz_kernel", c2)}
+    scale = ("mean_scale_kernel", 1024)
+    if not bias and not two_pass:  # (its loss summed by one more launch)
+        assert {(n, b) for n, _, b in launched} == {scale, ("softmax_dz_kernel", c2), ("loss_total_kernel", None)}
     else:
-        assert {(n, b) for n, _, b in launched} == {("row_lse_kernel", 256 if two_pass else min(LSE_BLOCK, c2)),
+        assert {(n, b) for n, _, b in launched} == {scale, ("row_lse_kernel", 256 if two_pass else min(LSE_BLOCK, c2)),
                                                     ("dz_colsum_kernel", None)}
 
 

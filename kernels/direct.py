@@ -1,0 +1,63 @@
+"""Triton kernels launched through their compiled launcher, skipping `kernel[grid](...)`'s generic dispatch.
+
+The generic dispatch binds the arguments, hashes their specialisation and queries the driver for each
+pointer on every call: more host time than a small kernel runs. A launch whose arguments keep their
+dtypes, 16-byte alignment and integer specialisation from call to call (a prepared head call) can be
+compiled once, at preparation, and then handed straight to the C launcher. Triton's launch hooks
+(`knobs.runtime.launch_enter_hook`, used by proton) are not called for such launches.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KernelLaunch", "direct_launcher"]
+
+
+def direct_launcher(compiled) -> tuple:
+    """(raw, function, packed, coop, pdl) for `raw(gx, gy, gz, stream, function, coop, pdl, None, None, packed,
+    None, None, None, *args)`. Triton's CudaLauncher.__call__ only allocates scratch (none for our kernels)
+    before it forwards to the C `launch`: call that directly when nothing else is needed, else __call__."""
+    launcher = compiled.run  # loads the binary on first use
+    plain = (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
+             and hasattr(launcher, "launch"))
+    if plain:
+        return (launcher.launch, compiled.function, compiled.packed_metadata, launcher.launch_cooperative_grid,
+                launcher.launch_pdl)
+
+    def raw(gx, gy, gz, stream, function, _coop, _pdl, _gs, _ps, packed, *rest):
+        launcher(gx, gy, gz, stream, function, packed, *rest)
+    return raw, compiled.function, compiled.packed_metadata, None, None
+
+
+class KernelLaunch:
+    """One Triton kernel with its grid and constexprs fixed, called as `launch(stream, *args)` with the
+    kernel's other arguments in order (tensors, ints).
+
+    With `example` (CUDA): the kernel is compiled for arguments like these (tensors, or a torch dtype
+    for a library-allocated, 16-byte aligned buffer; the same integers) and every call goes straight
+    to its launcher, with each tensor's data_ptr(): a call whose arguments differ from the example in
+    alignment or integer specialisation would run the wrong binary, so only a prepared launch, whose
+    signature fixes them, may use it. Without (the CPU interpreter): `kernel[grid](*args, **constexprs)`.
+    """
+
+    __slots__ = ("kernel", "name", "grid", "cx", "raw", "function", "packed", "coop", "pdl", "tail")
+
+    def __init__(self, kernel, grid: int, constexprs: dict, num_warps: int, example: tuple | None = None):
+        self.kernel, self.grid = kernel, grid
+        self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+        self.cx = dict(constexprs, num_warps=num_warps)
+        self.raw = None
+        if example is not None:
+            names = list(constexprs)
+            assert kernel.arg_names[len(kernel.arg_names) - len(names):] == names, "constexprs out of parameter order"
+            compiled = kernel.warmup(*example, grid=(grid,), **self.cx)
+            self.raw, self.function, self.packed, self.coop, self.pdl = direct_launcher(compiled)
+            # the constexprs follow the other parameters in our kernels: passed (and ignored) in their order
+            self.tail = tuple(constexprs.values())
+
+    def __call__(self, stream, *args):
+        if self.raw is None:
+            self.kernel[(self.grid,)](*args, **self.cx)
+        else:
+            self.raw(self.grid, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
+                     None, *[a.data_ptr() if type(a) is torch.Tensor else a for a in args], *self.tail)
