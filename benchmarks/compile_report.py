@@ -29,7 +29,7 @@ from erase_triton.kernels import plan as kplan  # noqa: E402
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
 _PTRS = {"z_ptr": "h", "scale_ptr": "fp32", "h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
-         "loss_ptr": "fp32", "lse_ptr": "fp32", "out_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
+         "loss_ptr": "fp32", "lse_ptr": "fp32", "colsum_ptr": "fp32", "grad_bias_ptr": "w", "rows_loss_ptr": "fp32", "out_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 
 

@@ -40,10 +40,11 @@ __all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_ker
 
 # softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
 ONE_PASS_MAX_C = 32768
-# the two-read form, the fastest tiles over [4096, 32000] and [4096, 128256] bf16 on an H100 (of 8 and 6):
-# row_lse_kernel's block (LaunchConfig.block_v overrides it), lanes a running max, warps; dz_colsum_kernel's tile
+# the two-read form, the fastest tiles over [4096, 32000] and [4096, 128256] bf16 on an H100 (of 8 and 7, the latter
+# with and without a bias): row_lse_kernel's block (LaunchConfig.block_v overrides it), lanes a running max, warps;
+# dz_colsum_kernel's tile
 LSE_BLOCK, LSE_GROUP, LSE_WARPS = 4096, 8, 4
-DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS = 32, 256, 8
+DZ_BLOCK_R, DZ_BLOCK_C, DZ_WARPS = 64, 128, 8
 LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
 
 
@@ -113,12 +114,12 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
 
 
 @triton.jit
-def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, gb_ptr, grad_bias_ptr, rows_loss_ptr, scale_ptr, loss_ptr,
+def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, colsum_ptr, grad_bias_ptr, rows_loss_ptr, scale_ptr, loss_ptr,
                      R, N, C, stride_z, HAS_BIAS: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
                      ACCUMULATE: tl.constexpr, MEAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # dz over z in place for a block of columns and all R rows of the chunk, from each row's base-2 lse and factor
     # (row_lse_kernel); with a bias, the column's sum of dz in fp32 (before dz is rounded), its rows in a fixed
-    # order: the softmax's second read of z and the column sum's read of dz in one pass. The sums go to gb_ptr
+    # order: the softmax's second read of z and the column sum's read of dz in one pass. The sums go to colsum_ptr
     # (fp32, across chunks: added from the second chunk on); the last chunk's to grad_bias in its dtype, and there
     # program 0 also sums the N rows' losses into loss_ptr: no zero-fill, copy or sum launches around the chunks
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -144,13 +145,13 @@ def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, gb_ptr, grad_bias_ptr, rows_l
     if HAS_BIAS:
         col = tl.sum(acc, 0)
         if not FIRST:
-            col += tl.load(gb_ptr + cols, mask=mc, other=0.0)
+            col += tl.load(colsum_ptr + cols, mask=mc, other=0.0)
         if LAST:
             if ACCUMULATE:  # (as grad_bias.add_(fp32 sums): added in fp32, rounded once)
                 col += tl.load(grad_bias_ptr + cols, mask=mc, other=0.0).to(tl.float32)
             tl.store(grad_bias_ptr + cols, col.to(grad_bias_ptr.dtype.element_ty), mask=mc)
         else:
-            tl.store(gb_ptr + cols, col, mask=mc)
+            tl.store(colsum_ptr + cols, col, mask=mc)
     if LAST:
         if tl.program_id(0) == 0:
             loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
