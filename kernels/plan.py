@@ -217,7 +217,7 @@ _TRITON_ONLY_FIELDS = ("block_n", "block_d", "num_warps", "num_stages", "group_t
 def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
     """The vocabulary CE path of a launch: cfg.vocab_path where set; else "cublas" on CUDA where every
     one of `dtypes` (h, weight, bias: None where absent) is bf16, at full occupancy
-    (1.7-1.8x the Triton paths' speed at D = 512 and 4096 on an H100, docs/tuning.md#vocabulary-ce-paths),
+    (2.0x and 1.7x the Triton paths' speed at D = 512 and 4096 on an H100, docs/tuning.md#vocabulary-ce-paths),
     unless a Triton-only field is set or torch's deterministic mode would refuse cuBLAS (no
     CUBLAS_WORKSPACE_CONFIG); else `default_vocab_path(D)`."""
     if cfg.vocab_path:
