@@ -49,7 +49,8 @@ def main():
         chunks = [int(x) for x in args.chunks.split(",") if x]
         assert min(N, D, C, *chunks) > 0
     except (ValueError, AssertionError):
-        ap.error(f"--shape N:D:V and --chunks A,B,...: expected positive integers, got {args.shape!r} and {args.chunks!r}")
+        ap.error(f"--shape N:D:V and --chunks A,B,...: expected positive integers, "
+                 f"got {args.shape!r} and {args.chunks!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():

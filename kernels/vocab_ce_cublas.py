@@ -3,19 +3,22 @@ the default for bf16 at full occupancy (`plan.vocab_path_for`).
 
 The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 320-440
 TFLOP/s, against about 600-750 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands the GEMMs
-to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. Per chunk of rows (host-sized,
-`plan.chunk_size_for`):
+to cuBLAS (torch.mm) and keeps in Triton only what cuBLAS cannot fuse. First, for a mean, mean_scale_kernel
+takes 1 / the rows not ignored from the targets; then per chunk of rows (host-sized, `plan.chunk_size_for`):
 
   z        = relu?(h_c) W^T          cuBLAS, into an [R, C] scratch in h's dtype
   row_lse_kernel (one program a row): the row's lse of z + b, read once in blocks; its loss and
              gradient factor s (1 / counted rows for a mean, 0 if ignored)
   dz_colsum_kernel (one program a block of columns, every row of the chunk):
-             dz = s * (softmax - onehot(t)) written over z in h's dtype; grad_b += column sums of dz in fp32
+             dz = s * (softmax - onehot(t)) written over z in h's dtype; the column sums of dz in fp32, added
+             up over the chunks and, by the last chunk's launch, rounded into grad_b; there too the loss
   grad_h_c = dz W                    cuBLAS, straight into grad_h's rows
   grad_W  += dz^T relu?(h_c)          cuBLAS (addmm: one rounding to grad_W's dtype a chunk, as row_chunks)
 
 A head without a bias and with at most ONE_PASS_MAX_C classes takes one kernel for the two,
-softmax_dz_kernel: the row held in registers, z read once (LaunchConfig(two_pass=) picks either form).
+softmax_dz_kernel: the row held in registers, z read once (LaunchConfig(two_pass=) picks either form);
+loss_total_kernel then sums the loss. The Triton kernels are compiled when the call is prepared and
+launched directly (kernels/direct.py): the host's cost of a call is mostly its cuBLAS calls.
 
 What it costs against the Triton paths: the logits are rounded to h's dtype before the softmax (as
 eager PyTorch's bf16 Linear rounds them), several launches a call (no host sync: it is capturable),
@@ -35,8 +38,8 @@ import triton.language as tl
 from .common import ce_rows, grad_scale, store_scalar, sum_vec
 from .direct import KernelLaunch
 
-__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel", "mean_scale_kernel", "row_lse_kernel",
-           "softmax_dz_kernel"]
+__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel",
+           "mean_scale_kernel", "row_lse_kernel", "softmax_dz_kernel"]
 
 # softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
 ONE_PASS_MAX_C = 32768
@@ -223,9 +226,9 @@ class CublasLaunch:
     directly (kernels/direct.py): a call costs the host its cuBLAS calls and a few microseconds a Triton launch.
     Without it (the CPU interpreter), `kernel[grid](...)`."""
 
-    __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read", "first_cx",
-                 "index", "scale_launch", "steps", "loss_launch", "n_buf", "o_lse", "o_gb", "o_scale", "loss_like",
-                 "__weakref__")
+    __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read",
+                 "first_cx", "index", "scale_launch", "steps", "loss_launch", "n_buf", "o_lse", "o_colsum", "o_scale",
+                 "loss_like", "__weakref__")
 
     def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
                  has_bias: bool, device: torch.device, poison: bool = False, two_pass: bool | None = None,
@@ -241,8 +244,8 @@ class CublasLaunch:
         # part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731
         self.o_lse = pad(N)
-        self.o_gb = self.o_lse + (0 if self.one_read else pad(2 * R))
-        self.o_scale = self.o_gb + (pad(C) if has_bias else 0)
+        self.o_colsum = self.o_lse + (0 if self.one_read else pad(2 * R))
+        self.o_scale = self.o_colsum + (pad(C) if has_bias else 0)
         self.n_buf = self.o_scale + 1
         self.loss_like = torch.empty((), dtype=torch.float32, device=device)
         self.index = None
@@ -272,7 +275,8 @@ class CublasLaunch:
             key = (r1 - r0, first, last)
             if key not in built:
                 if self.one_read:
-                    a = launch(softmax_dz_kernel, r1 - r0, self.first_cx, lambda: (hdt, y, f32, f32, C, C, ignore_index))
+                    a = launch(softmax_dz_kernel, r1 - r0, self.first_cx,
+                               lambda: (hdt, y, f32, f32, C, C, ignore_index))
                     d = None
                 else:
                     a = launch(row_lse_kernel, r1 - r0, self.first_cx,
@@ -321,14 +325,14 @@ class CublasLaunch:
             buf.fill_(float("nan"))
             loss.fill_(float("nan"))
         rows_loss = buf[:N]
-        lse = buf[self.o_lse:self.o_gb]
+        lse = buf[self.o_lse:self.o_colsum]
         scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
         if self.scale_launch is not None:
             self.scale_launch(stream, y, N, self.ignore_index, scale)
         if self.has_bias:
-            gb = buf[self.o_gb:self.o_scale]
+            colsum = buf[self.o_colsum:self.o_scale]
         else:
-            bias, gb, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
+            bias, colsum, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
         wt = weight.t()
         ii = self.ignore_index
         for r0, r1, rows_k, dz_k in self.steps:
@@ -339,7 +343,7 @@ class CublasLaunch:
                 rows_k(stream, zc, yc, scale, rows_loss[r0:r1], C, C, ii)
             else:
                 rows_k(stream, zc, bias, yc, scale, rows_loss[r0:r1], lse, C, C, ii)
-                dz_k(stream, zc, bias, yc, lse, gb, grad_bias, rows_loss, scale, loss, r1 - r0, N, C, C)
+                dz_k(stream, zc, bias, yc, lse, colsum, grad_bias, rows_loss, scale, loss, r1 - r0, N, C, C)
             torch.mm(zc, weight, out=grad_h[r0:r1])
             if r0 == 0 and not self.accumulate:
                 torch.mm(zc.t(), xc, out=grad_weight)
