@@ -30,8 +30,8 @@ def direct_launcher(compiled) -> tuple:
 
 
 class KernelLaunch:
-    """One Triton kernel with its grid and constexprs fixed, called as `launch(stream, *args)` with the
-    kernel's other arguments in order (tensors, ints).
+    """One Triton kernel with its grid and launch keywords (constexprs, num_warps) fixed, called as
+    `launch(stream, *args)` with the kernel's other arguments in order (tensors, ints).
 
     With `example` (CUDA): the kernel is compiled for arguments like these (tensors, or a torch dtype
     for a library-allocated, 16-byte aligned buffer; the same integers) and every call goes straight
@@ -42,18 +42,18 @@ class KernelLaunch:
 
     __slots__ = ("kernel", "name", "grid", "cx", "raw", "function", "packed", "coop", "pdl", "tail")
 
-    def __init__(self, kernel, grid: int, constexprs: dict, num_warps: int, example: tuple | None = None):
-        self.kernel, self.grid = kernel, grid
+    def __init__(self, kernel, grid: int, cx: dict, example: tuple | None = None):
+        # cx: the launch keywords, the constexprs and num_warps
+        self.kernel, self.grid, self.cx = kernel, grid, cx
         self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
-        self.cx = dict(constexprs, num_warps=num_warps)
         self.raw = None
         if example is not None:
-            names = list(constexprs)
+            names = [k for k in cx if k != "num_warps"]
             assert kernel.arg_names[len(kernel.arg_names) - len(names):] == names, "constexprs out of parameter order"
-            compiled = kernel.warmup(*example, grid=(grid,), **self.cx)
+            compiled = kernel.warmup(*example, grid=(grid,), **cx)
             self.raw, self.function, self.packed, self.coop, self.pdl = direct_launcher(compiled)
             # the constexprs follow the other parameters in our kernels: passed (and ignored) in their order
-            self.tail = tuple(constexprs.values())
+            self.tail = tuple(cx[k] for k in names)
 
     def __call__(self, stream, *args):
         if self.raw is None:

@@ -233,8 +233,9 @@ def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most a share of grad_W
 # vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned), their rounding, and
-# its scratch: up to 3/8 of grad_W's bytes, chunks not evened out. At (4096, 4096, 128256) on an H100 that is
-# 1536 + 1536 + 1024 rows, faster than 4 x 1024 and than 3 x 1408 in paired rounds (docs/tuning.md#vocabulary-ce-paths)
+# its scratch: up to 3/8 of grad_W's bytes, chunks not evened out. At (4096, 4096, 128256) that is 1536 + 1536 + 1024
+# rows, within 1.5 GB and level with 4 x 1024 in interleaved rounds on an H100; 2 x 2048 is 3% faster in 1.57 GB
+# (docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
 
 

@@ -260,9 +260,7 @@ class CublasLaunch:
             gb_ex = grad_bias if has_bias else f32  # (without a bias: the scratch, unused)
 
         def launch(kernel, grid, cx, example):
-            cx = dict(cx)
-            warps = cx.pop("num_warps")
-            return KernelLaunch(kernel, grid, cx, warps, example() if cuda else None)
+            return KernelLaunch(kernel, grid, cx, example() if cuda else None)
 
         self.scale_launch = None
         if mean:
