@@ -53,7 +53,8 @@ def heads(paths=None):
     cases = [("bce", 1000, 512, 1, None, bf16), ("bce", 1024, 256, 1, None, torch.float32), ("mse", 333, 130, 17, None, bf16),
              ("ce", 777, 64, 40, None, bf16), ("ce", 1000, 256, 300, None, bf16), ("ce", 256, 128, 256, None, bf16),
              ("ce", 513, 128, 5000, "recompute", bf16), ("ce", 513, 128, 5000, "vocab_chunks", bf16),
-             ("ce", 513, 128, 5000, "row_chunks", bf16), ("ce", 513, 128, 5000, "cublas", bf16)]
+             ("ce", 513, 128, 5000, "row_chunks", bf16), ("ce", 513, 128, 5000, "cublas", bf16),
+             ("ce", 513, 128, 5000, "cublas_vocab_chunks", bf16)]
     for loss, N, D, C, path, dt in cases:
         if paths is not None and (path or "small") not in paths:
             continue
@@ -65,8 +66,8 @@ def heads(paths=None):
                 b = torch.randn(C, generator=g).to(dev, dt)
                 y = (torch.randint(0, C, (N,), generator=g) if loss == "ce" else torch.rand(N, C, generator=g)).to(dev)
                 cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, chunk_size=256 if path else None)
-                # cublas: also without a bias, its other softmax form (the row held, read once)
-                for bias in (b, None) if path == "cublas" else (b,):
+                # the cublas paths: also without a bias ("cublas": its other softmax form, the row held, read once)
+                for bias in (b, None) if (path or "").startswith("cublas") else (b,):
                     r = fused_local_head(h, w, bias, y, loss=loss, config=cfg)
                     torch.cuda.synchronize()
                     ok = all(torch.isfinite(t).all().item() for t in r if t is not None)

@@ -41,6 +41,11 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
         from erase_triton.kernels.vocab_ce_cublas import first_kernel, row_lse_kernel
         cx = first_kernel(C, True, True, True)[1]  # (with a bias: row_lse_kernel)
         return kplan._Plan(row_lse_kernel, "cublas", cx, cx.pop("num_warps"))
+    if vocab_path == "cublas_vocab_chunks" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # its lse kernel, last chunk
+        from erase_triton.kernels.vocab_ce_cublas import LSE_WARPS
+        from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import CublasVocabLaunch, chunk_lse_kernel
+        hl = CublasVocabLaunch(4096, C, C, True, -100, False, False, True, torch.device("cpu"))
+        return kplan._Plan(chunk_lse_kernel, vocab_path, dict(hl.constexprs, FIRST=False, LAST=True), LSE_WARPS)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan
@@ -98,7 +103,7 @@ def main():
     ap.add_argument("--occupancy", type=float, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--vocab-path", default=None, choices=list(kl.VOCAB_PATHS),
-                    help="C > 512: which vocabulary kernel (cublas: its first Triton kernel)")
+                    help="C > 512: which vocabulary kernel (the cublas paths: their first Triton kernel)")
     ap.add_argument("--set", nargs="*", default=[],
                     help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")

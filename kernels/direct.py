@@ -30,8 +30,9 @@ def direct_launcher(compiled) -> tuple:
 
 
 class KernelLaunch:
-    """One Triton kernel with its grid and launch keywords (constexprs, num_warps) fixed, called as
-    `launch(stream, *args)` with the kernel's other arguments in order (tensors, ints).
+    """One Triton kernel with its grid (programs, or a tuple of up to 3 dimensions) and launch keywords
+    (constexprs, num_warps) fixed, called as `launch(stream, *args)` with the kernel's other arguments in
+    order (tensors, ints).
 
     With `example` (CUDA): the kernel is compiled for arguments like these (tensors, or a torch dtype
     for a library-allocated, 16-byte aligned buffer; the same integers) and every call goes straight
@@ -42,22 +43,23 @@ class KernelLaunch:
 
     __slots__ = ("kernel", "name", "grid", "cx", "raw", "function", "packed", "coop", "pdl", "tail")
 
-    def __init__(self, kernel, grid: int, cx: dict, example: tuple | None = None):
+    def __init__(self, kernel, grid: int | tuple, cx: dict, example: tuple | None = None):
         # cx: the launch keywords, the constexprs and num_warps
-        self.kernel, self.grid, self.cx = kernel, grid, cx
+        grid = (grid,) if isinstance(grid, int) else tuple(grid)
+        self.kernel, self.grid, self.cx = kernel, grid + (1,) * (3 - len(grid)), cx
         self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
         self.raw = None
         if example is not None:
             names = [k for k in cx if k != "num_warps"]
             assert kernel.arg_names[len(kernel.arg_names) - len(names):] == names, "constexprs out of parameter order"
-            compiled = kernel.warmup(*example, grid=(grid,), **cx)
+            compiled = kernel.warmup(*example, grid=self.grid, **cx)
             self.raw, self.function, self.packed, self.coop, self.pdl = direct_launcher(compiled)
             # the constexprs follow the other parameters in our kernels: passed (and ignored) in their order
             self.tail = tuple(cx[k] for k in names)
 
     def __call__(self, stream, *args):
         if self.raw is None:
-            self.kernel[(self.grid,)](*args, **self.cx)
+            self.kernel[self.grid](*args, **self.cx)
         else:
-            self.raw(self.grid, 1, 1, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
+            self.raw(*self.grid, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
                      None, *[a.data_ptr() if type(a) is torch.Tensor else a for a in args], *self.tail)

@@ -16,7 +16,7 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
-VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas")
+VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks")
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):
@@ -50,7 +50,8 @@ class LaunchConfig:
                     would hold it and read it once; False: held, a ValueError where that cannot be
                     (a bias: its column sums; more classes). None: the host rule.
     block_n/block_d/block_v/num_warps: tile sizes; None picks the host rule. block_n may
-                    be below 16 only for the dense kernel with C == 1 (no tl.dot).
+                    be below 16 only for the dense kernel with C == 1 (no tl.dot). The cublas paths
+                    take block_v only, as their lse kernel's columns a load.
     num_stages:     software-pipelining depth: of the row-tile loop (dense kernel), of every K loop
                     (vocabulary kernels: Triton's `num_stages` compile option; None: Triton's default).
     group_tiles:    row tiles per grad_W partial group, claimed by the programs (dense kernel).
@@ -77,12 +78,17 @@ class LaunchConfig:
                     rounds them); several launches, no host
                     sync; bf16 or fp32 inputs with weight and bias in h's dtype; the whole device
                     whatever the occupancy (cuBLAS picks its grid).
+                    "cublas_vocab_chunks" (vocab_ce_cublas_vocab_chunks.py): as "cublas", in chunks of
+                    classes over every row: an [N, chunk_size] scratch, four GEMMs (the logits twice),
+                    grad_W and grad_b written once and grad_h summed in fp32. Its scratch can be any
+                    size: the lean choice for a narrow h (small D), where "cublas" needs at least 1024 x C.
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
-    chunk_size:     vocabulary columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk, rounded up
-                    to the kernel's tile. None: the host rule, a scratch of at most
-                    max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
-                    least enough rows to give every program a grad_h tile, and "cublas" at least
-                    1024 rows, up to 3/8 of grad_W's bytes, the last chunk the rest
+    chunk_size:     vocabulary columns ("vocab_chunks", "cublas_vocab_chunks") or rows ("row_chunks",
+                    "cublas") a chunk, rounded up to the kernel's tile. None: the host rule, a scratch of
+                    at most max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
+                    least enough rows to give every program a grad_h tile, "cublas" at least
+                    1024 rows, up to 3/8 of grad_W's bytes, and "cublas_vocab_chunks" classes in 512s
+                    up to 7/8 of grad_W's bytes; for the last two the last chunk is the rest
                     (`kernels.plan.chunk_size_for`).
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits

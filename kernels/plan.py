@@ -19,6 +19,7 @@ from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
 from .direct import direct_launcher
 from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs
+from .vocab_ce_cublas_vocab_chunks import CublasVocabLaunch
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
 
@@ -237,14 +238,17 @@ _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least
 # rows, within 1.5 GB and level with 4 x 1024 in interleaved rounds on an H100; 2 x 2048 is 3% faster in 1.57 GB
 # (docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
+# vocab_path="cublas_vocab_chunks": classes a chunk in multiples of the lse kernel's block, a scratch of up to 7/8 of
+# grad_W's bytes (N x 3072 at (4096, 512, 32000): 24 MiB)
+CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
 
 
 def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,
                    least: int = 0, share: float = 1 / 4, even: bool = True) -> int:
-    """Columns ("vocab_chunks") or rows ("row_chunks", "cublas") a chunk: cfg.chunk_size rounded up to `tile`, else
-    as many as a scratch of max(16 MiB, `share` of grad_W's bytes) holds or `least` if more, then (`even`) evened
-    out over the chunks that makes; never more than the whole (padded) extent."""
-    whole, across = (C, N) if path == "vocab_chunks" else (N, _cdiv(C, tile) * tile)
+    """Columns ("vocab_chunks", "cublas_vocab_chunks") or rows ("row_chunks", "cublas") a chunk: cfg.chunk_size
+    rounded up to `tile`, else as many as a scratch of max(16 MiB, `share` of grad_W's bytes) holds or `least` if
+    more, then (`even`) evened out over the chunks that makes; never more than the whole (padded) extent."""
+    whole, across = (C, N) if path.endswith("vocab_chunks") else (N, _cdiv(C, tile) * tile)
     whole_pad = _cdiv(whole, tile) * tile
     if cfg.chunk_size:
         return min(_cdiv(cfg.chunk_size, tile) * tile, whole_pad)
@@ -297,8 +301,8 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if kind == "vocab":
         kind = cfg.vocab_path or default_vocab_path(D)
         kind = "vocab" if kind == "recompute" else kind
-        if kind == "cublas":
-            raise ValueError("vocab_path='cublas' is not one Triton kernel: prepare_launch builds its CublasLaunch")
+        if kind.startswith("cublas"):
+            raise ValueError(f"vocab_path={kind!r} is not one Triton kernel: prepare_launch builds its launch")
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
     elif kind == "small":
@@ -412,16 +416,22 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         if cfg.vocab_path is None:
             dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
             cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
-        if cfg.vocab_path == "cublas":
+        if cfg.vocab_path in ("cublas", "cublas_vocab_chunks"):
             check_cublas_inputs(h2, weight, bias, cfg)
-            chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE, cfg,
-                                   least=CUBLAS_MIN_ROWS, share=CUBLAS_SCRATCH_SHARE, even=False)
-            hl = CublasLaunch(N, C, chunk, reduction == "mean", ignore_index, relu, accumulate, bias is not None, dev,
-                              POISON, cfg.two_pass, cfg.block_v,
-                              example=(h2.dtype, bias, y, grad_bias) if cuda else None)
+            mean, example = reduction == "mean", (h2.dtype, bias, y, grad_bias) if cuda else None
+            if cfg.vocab_path == "cublas":
+                chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE,
+                                       cfg, least=CUBLAS_MIN_ROWS, share=CUBLAS_SCRATCH_SHARE, even=False)
+                hl = CublasLaunch(N, C, chunk, mean, ignore_index, relu, accumulate, bias is not None, dev, POISON,
+                                  cfg.two_pass, cfg.block_v, example=example)
+            else:
+                chunk = chunk_size_for("cublas_vocab_chunks", N, C, D, h2.element_size(), weight.element_size(),
+                                       CUBLAS_COLUMN_TILE, cfg, share=CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+                hl = CublasVocabLaunch(N, C, chunk, mean, ignore_index, relu, accumulate, bias is not None, dev,
+                                       POISON, cfg.block_v, example=example)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
-            _PLANS.setdefault(("cublas", reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda, relu),
-                              _Plan(hl.kernel, "cublas", hl.constexprs, hl.num_warps))
+            _PLANS.setdefault((cfg.vocab_path, reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda,
+                               relu), _Plan(hl.kernel, cfg.vocab_path, hl.constexprs, hl.num_warps))
             return hl
     ws = _workspace(dev)
     has_bias = bias is not None

@@ -117,6 +117,29 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
 
 
 @triton.jit
+def dz_rows(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r_lo, r_hi, HAS_BIAS: tl.constexpr,
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # dz = f (softmax - onehot(t)) over z in place for rows [r_lo, r_hi) and z's columns cols (classes: their class
+    # ids; mc: in range), from each row's base-2 lse at lse_ptr[r] and factor at lse_ptr[R + r] (row_lse_kernel's
+    # outputs); returns the columns' sums of dz in fp32 before dz is rounded, rows in a fixed order (HAS_BIAS)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for r0 in range(r_lo, r_hi, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        mr = rows < r_hi
+        lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
+        f = tl.load(lse_ptr + R + rows, mask=mr, other=0.0)
+        t = tl.load(y_ptr + rows, mask=mr, other=-1)
+        ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
+        m = mr[:, None] & mc[None, :]
+        z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32) + bias[None, :]
+        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(classes[None, :] == t[:, None], 1.0, 0.0))
+        tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
+        if HAS_BIAS:
+            acc += tl.where(m, dz, 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
 def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, colsum_ptr, grad_bias_ptr, rows_loss_ptr, scale_ptr, loss_ptr,
                      R, N, C, stride_z, HAS_BIAS: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
                      ACCUMULATE: tl.constexpr, MEAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -127,26 +150,11 @@ def dz_colsum_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, colsum_ptr, grad_bias_ptr, ro
     # program 0 also sums the N rows' losses into loss_ptr: no zero-fill, copy or sum launches around the chunks
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mc = cols < C
+    bias = tl.zeros([BLOCK_C], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for r0 in range(0, R, BLOCK_R):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        mr = rows < R
-        lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
-        f = tl.load(lse_ptr + R + rows, mask=mr, other=0.0)
-        t = tl.load(y_ptr + rows, mask=mr, other=-1)
-        ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
-        m = mr[:, None] & mc[None, :]
-        z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            z += bias[None, :]
-        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(cols[None, :] == t[:, None], 1.0, 0.0))
-        tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
-        if HAS_BIAS:
-            acc += tl.where(m, dz, 0.0)
+    col = dz_rows(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, cols, mc, bias, 0, R, HAS_BIAS, BLOCK_R, BLOCK_C)
     if HAS_BIAS:
-        col = tl.sum(acc, 0)
         if not FIRST:
             col += tl.load(colsum_ptr + cols, mask=mc, other=0.0)
         if LAST:

@@ -168,6 +168,18 @@ def test_cublas_vocab_path_at_scale(N, D, C, dtype, occupancy, chunk, activation
     assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
 
 
+@pytest.mark.parametrize("N,D,C,dtype,chunk,activation", [
+    (4096, 512, 32000, torch.bfloat16, None, None),  # the rule's 3072 classes a chunk: 10 + the rest (1280)
+    (2048, 256, 131072, torch.bfloat16, None, "relu"),
+    (3001, 130, 1000, torch.float32, 512, None),  # 512 + 488 classes, rows not a multiple of the dz blocks
+    (4099, 1024, 50257, torch.bfloat16, 4096, "relu"),  # odd C: a last chunk of 1105 classes
+])
+def test_cublas_vocab_chunks_path_at_scale(N, D, C, dtype, chunk, activation):
+    klh._PLANS.clear()
+    check_at_scale("ce", N, D, C, dtype, None, activation, vocab_path="cublas_vocab_chunks", chunk_size=chunk)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas_vocab_chunks"}
+
+
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [
     (8192, 512, 512, torch.bfloat16, None),
     (8192, 512, 512, torch.bfloat16, 0.125),
@@ -448,7 +460,7 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
         assert prio[0] == 0 and prio[-1] < prio[-2] < 0 and prio == sorted(prio, reverse=True), prio
 
 
-@pytest.mark.parametrize("path", ["cublas", "row_chunks"])
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "row_chunks"])
 def test_vocabulary_heads_capture_replay_equals_eager(path):
     # a transformer whose heads take a vocabulary path (1000 classes), fp32 so replay and eager agree to
     # rounding: the cublas path's several launches (cuBLAS, its lse and dz kernels) in one graph,

@@ -181,21 +181,21 @@ def test_non_contiguous_h(device):
 
 
 @pytest.mark.parametrize("C,path", [(17, None), (1000, "recompute"), (1000, "vocab_chunks"), (1000, "row_chunks"),
-                                    (1000, "cublas")])
+                                    (1000, "cublas"), (1000, "cublas_vocab_chunks")])
 def test_accumulates_into_given_grads(C, path, device):
     # (the chunked paths: two chunks, so grad_W is also summed over chunks on top of what it held)
     h, w, b, y = make("ce", 63 if path is None else 200, 50, C, torch.float32, True, device)
     gw0, gb0 = torch.randn_like(w), torch.randn_like(b)
     gw, gb = gw0.clone(), gb0.clone()
     local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
-                    config=LaunchConfig(vocab_path=path, chunk_size={"vocab_chunks": 512, "row_chunks": 128, "cublas": 128}.get(path)), grad_weight=gw, grad_bias=gb, accumulate=True)
+                    config=LaunchConfig(vocab_path=path, chunk_size={"vocab_chunks": 512, "row_chunks": 128, "cublas": 128, "cublas_vocab_chunks": 512}.get(path)), grad_weight=gw, grad_bias=gb, accumulate=True)
     ref = reference.local_head(h, w, b, y, loss="ce")
     torch.testing.assert_close(gw, gw0 + ref.grad_weight, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gb, gb0 + ref.grad_bias, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("C,path", [(5, None), (1000, "recompute"), (1000, "vocab_chunks"), (1000, "row_chunks"),
-                                    (1000, "cublas")])
+                                    (1000, "cublas"), (1000, "cublas_vocab_chunks")])
 def test_all_rows_ignored_gives_nan_loss_and_zero_grads(C, path, device):
     h, w, b, y = make("ce", 20, 16, C, torch.float32, True, device)
     y.fill_(-100)

@@ -279,7 +279,7 @@ def test_transformer_head_every():
         TinyTransformer(layers=6, head_every=4)
 
 
-@pytest.mark.parametrize("path", ["recompute", "vocab_chunks", "row_chunks", "cublas"])
+@pytest.mark.parametrize("path", ["recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks"])
 def test_transformer_with_a_vocabulary_head_matches_the_torch_backend(path):
     # 600 classes: every head on a vocabulary CE kernel (set_vocab_path picks which), one erase step
     # against the same model on the PyTorch backend

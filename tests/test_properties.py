@@ -32,7 +32,8 @@ def head_case(draw, vocab=None):
         if vocab == "cublas":  # the rule's form, or the row read twice in blocks of block_v columns
             two_pass = draw(st.sampled_from([None, True]))
             cfg.update(two_pass=two_pass, block_v=draw(st.sampled_from([16, 128, 512])) if two_pass else None)
-    dtypes = ["fp32", "bf16"] if cfg.get("vocab_path") == "cublas" else list(DTYPES)  # (cublas refuses fp16)
+    cublas = str(cfg.get("vocab_path")).startswith("cublas")
+    dtypes = ["fp32", "bf16"] if cublas else list(DTYPES)  # (the cublas paths refuse fp16)
     return dict(loss=loss, N=N, D=D, C=C, config=cfg, dtype=draw(st.sampled_from(dtypes)),
                 reduction=draw(st.sampled_from(["mean", "sum"])), bias=draw(st.booleans()),
                 layout=draw(st.sampled_from(["contiguous", "transposed", "strided"])),
@@ -74,7 +75,7 @@ def test_fused_head_matches_float64_reference(c):
     check_case(c)
 
 
-@pytest.mark.parametrize("path", ["recompute", "vocab_chunks", "row_chunks", "cublas"])
+@pytest.mark.parametrize("path", ["recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks"])
 def test_vocabulary_paths_match_float64_reference(path):
     # each path its own draws (one sampled path got 1 of 24 examples under derandomize)
     @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

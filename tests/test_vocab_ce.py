@@ -34,7 +34,7 @@ def test_ce_fp16_gradients_of_many_rows_do_not_underflow(path, device):
 # 16-bit inputs with C <= 256 take the grad_h^T = W^T dz^T form (GH_T), the others dz W.
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees the NaN made
 @pytest.mark.parametrize("C,kind", [(5, "dense"), (100, "small"), (1000, "vocab"), (1000, "vocab_chunks"),
-                                    (1000, "row_chunks"), (1000, "cublas")])
+                                    (1000, "row_chunks"), (1000, "cublas"), (1000, "cublas_vocab_chunks")])
 def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     # ids >= C and negative ids other than ignore_index: no out-of-bounds read (the vocabulary kernel
     # gathers W[t]), a NaN loss and NaN gradients where the row reaches, every other row as before
@@ -43,7 +43,7 @@ def test_ce_class_id_out_of_range_poisons_with_nan(C, kind, device):
     y_bad = y.clone()
     y_bad[3], y_bad[7] = C, -1
     klh._PLANS.clear()
-    cfg = LaunchConfig(vocab_path=kind if kind.endswith("_chunks") or kind == "cublas" else
+    cfg = LaunchConfig(vocab_path=kind if kind.endswith("_chunks") or kind.startswith("cublas") else
                        "recompute" if kind == "vocab" else None)
     out = fused_local_head(h, w, b, y_bad, loss="ce", backend="triton", config=cfg)
     assert {p.kind for p in klh._PLANS.values()} == {kind}
@@ -190,13 +190,16 @@ def test_combine_lse_over_several_loads(n_parts, device):
 CUBLAS = [c for c in CHUNKED if c[3] != "fp16"] + [(300, 40, 1000, "bf16", True, None, (None, 64), None, "sum")]
 
 
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks"])
 @pytest.mark.parametrize("N,D,C,dt,bias,occupancy,chunks,activation,reduction", CUBLAS,
-                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-rows{c[6][1]}-{c[8]}" for c in CUBLAS])
-def test_cublas_vocab_matches_reference(N, D, C, dt, bias, occupancy, chunks, activation, reduction, device):
+                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-chunks{c[6][0]}-{c[6][1]}-{c[8]}" for c in CUBLAS])
+def test_cublas_vocab_matches_reference(path, N, D, C, dt, bias, occupancy, chunks, activation, reduction, device):
+    # "cublas" takes the rows chunk size of the cases, "cublas_vocab_chunks" the columns one (classes in 512s: one
+    # chunk of 1000, or 512 + 488)
     klh._PLANS.clear()
-    cfg = LaunchConfig(occupancy=occupancy, vocab_path="cublas", chunk_size=chunks[1])
+    cfg = LaunchConfig(occupancy=occupancy, vocab_path=path, chunk_size=chunks[path == "cublas"])
     check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction, config=cfg, activation=activation)
-    assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
+    assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
 def _spy_cublas_kernels(monkeypatch):
@@ -207,7 +210,8 @@ def _spy_cublas_kernels(monkeypatch):
     real = KernelLaunch.__call__
 
     def spy(self, stream, *args):
-        launched.append((self.name, (self.grid,), self.cx.get("BLOCK")))
+        grid = self.grid[:1] if self.grid[1:] == (1, 1) else self.grid
+        launched.append((self.name, grid, self.cx.get("BLOCK")))
         return real(self, stream, *args)
 
     monkeypatch.setattr(KernelLaunch, "__call__", spy)

@@ -1,0 +1,288 @@
+"""The cuBLAS vocabulary CE path in chunks of classes ("cublas_vocab_chunks"): "ce" with C > 512 as four cuBLAS
+GEMMs and two Triton kernels a chunk of columns, in a scratch of N rows x `chunk` classes.
+
+"cublas" (vocab_ce_cublas.py) takes chunks of rows: three GEMMs, but each chunk's logits span the whole
+vocabulary, so its scratch holds at least CUBLAS_MIN_ROWS x C values (62.5 MiB at C = 32000) and grad_W is
+read and written once a chunk. Here a chunk holds every row and `chunk` classes, so the logits are computed
+twice: once for the rows' log-sum-exp, once for dz. What that buys: a scratch of any size, grad_W and grad_b
+written once (each chunk owns its rows of them), and only grad_h (N x D) added to across chunks. For a
+narrow h (small D) the extra GEMM is cheap and the scratch is the largest thing a call allocates.
+
+  mean_scale_kernel                    1 / the rows not ignored (a mean)
+  pass 1, chunk k of classes [v0, v1):
+    z_k = relu?(h) W[v0:v1]^T          cuBLAS, into the [N, chunk] scratch in h's dtype
+    chunk_lse_kernel (a program a row): the chunk's base-2 max and sum of z_k + b merged into the row's running
+                                       pair; the target's logit from the chunk that holds it; the last chunk
+                                       turns them into the row's lse, gradient factor and loss
+  pass 2, the chunks in reverse (the last chunk's logits are still in the scratch: not recomputed):
+    z_k again                          cuBLAS
+    dz_split_kernel (a program a block of columns and of rows): dz over z_k in place (as vocab_ce_cublas's
+                                       dz_rows), its column sums in fp32 per block of rows
+    grad_W[v0:v1] = dz^T relu?(h)      cuBLAS, written once (addmm where the call accumulates)
+    grad_h (+)= dz W[v0:v1]            cuBLAS into an fp32 [N, D] sum (a 16-bit grad_h rounded once a
+                                       chunk: 2.8x eager's error at 11 chunks), rounded once at the end
+  colsum_loss_kernel                   grad_b from the blocks' sums in a fixed order; the loss summed
+
+Rounding, launches, capture, determinism and the inputs taken are as vocab_ce_cublas.py's.
+Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import ce_rows, grad_scale
+from .direct import KernelLaunch
+from .vocab_ce_cublas import LN2, LOG2E, LSE_GROUP, LSE_WARPS, dz_rows, loss_total, mean_scale_kernel
+
+__all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_split_kernel"]
+
+# chunk_lse_kernel's block (columns a load); dz_split_kernel's blocks of rows per block of columns and its tile;
+# of those tried at (4096, 512, 32000) bf16 on an H100 the fastest (blocks 1024-4096 level; 4, 8 and 16 splits;
+# tiles 32 x 256 x 8 warps, 64 x 128 x 8, 64 x 64 x 4)
+VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
+
+
+@triton.jit
+def chunk_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, v0, n, N, C, stride_z, ignore_index,
+                     HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+                     BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # row r, classes [v0, v0 + n) (z: that chunk's logits without the bias): the chunk's base-2 max and sum merged
+    # into the row's running pair at lse_ptr[r], lse_ptr[N + r], and the target's logit into loss_ptr[r] where the
+    # chunk holds it. The last chunk leaves there what row_lse_kernel leaves: the row's base-2 lse and gradient
+    # factor, and its unscaled loss. A running max a GROUP of lanes: one ex2 an element and one a GROUP
+    r = tl.program_id(0)
+    row = z_ptr + r.to(tl.int64) * stride_z
+    t = tl.load(y_ptr + r)
+    o = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK // GROUP], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK // GROUP], dtype=tl.float32)
+    for c0 in range(0, n, BLOCK):
+        cols = c0 + o
+        mc = cols < n
+        z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + v0 + cols, mask=mc, other=0.0).to(tl.float32)
+        u = tl.reshape(z * LOG2E, [BLOCK // GROUP, GROUP])
+        m_new = tl.maximum(m, tl.max(u, 1))
+        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a group of padding only: max -inf, sum 0
+        s = s * tl.exp2(m - ref) + tl.sum(tl.exp2(u - ref[:, None]), 1)
+        m = m_new
+    mx = tl.max(m, 0)
+    sm = tl.sum(s * tl.exp2(m - mx), 0)
+    here = (t >= v0) & (t < v0 + n)
+    tc = tl.where(here, t - v0, 0)  # the target's logit, one load (the chunk's first where it is elsewhere)
+    zt = tl.load(row + tc).to(tl.float32)
+    if HAS_BIAS:
+        zt += tl.load(b_ptr + v0 + tc).to(tl.float32)
+    zt = tl.where(here, zt, 0.0)
+    if not FIRST:  # merge with the chunks before
+        m0 = tl.load(lse_ptr + r)
+        s0 = tl.load(lse_ptr + N + r)
+        mn = tl.maximum(m0, mx)
+        sm = s0 * tl.exp2(m0 - mn) + sm * tl.exp2(mx - mn)
+        mx = mn
+        zt += tl.load(loss_ptr + r)  # (adding the 0 of every other chunk: exact)
+    if LAST:
+        counts, bad = ce_rows(t, t == t, ignore_index, C)
+        scale = 1.0
+        if MEAN:
+            scale = grad_scale(tl.load(scale_ptr))
+        lse2 = mx + tl.log2(sm)
+        tl.store(loss_ptr + r, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad)
+        tl.store(lse_ptr + r, lse2)
+        tl.store(lse_ptr + N + r, tl.where(counts, scale, 0.0) + bad)
+    else:
+        tl.store(loss_ptr + r, zt)
+        tl.store(lse_ptr + r, mx)
+        tl.store(lse_ptr + N + r, sm)
+
+
+@triton.jit
+def dz_split_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per, stride_z,
+                    HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # dz over z in place for classes v0 + [pid0 * BLOCK_C, +BLOCK_C) of the chunk and rows [pid1 * rows_per,
+    # +rows_per); with a bias, their column sums of dz in fp32 to part_ptr[pid1, class] (summed by
+    # colsum_loss_kernel in a fixed order)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mc = cols < n
+    classes = v0 + cols
+    bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + classes, mask=mc, other=0.0).to(tl.float32)
+    r_lo = tl.program_id(1) * rows_per
+    r_hi = tl.minimum(r_lo + rows_per, N)
+    col = dz_rows(z_ptr, y_ptr, lse_ptr, N, stride_z, cols, classes, mc, bias, r_lo, r_hi, HAS_BIAS, BLOCK_R, BLOCK_C)
+    if HAS_BIAS:
+        tl.store(part_ptr + tl.program_id(1) * C + classes, col, mask=mc)
+
+
+@triton.jit
+def colsum_loss_kernel(part_ptr, S, C, grad_bias_ptr, rows_loss_ptr, N, scale_ptr, loss_ptr, HAS_BIAS: tl.constexpr,
+                       ACCUMULATE: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    # grad_b for a block of classes: the S blocks of rows' fp32 sums in order, rounded once (added to grad_b in
+    # fp32 where the call accumulates); program 0 also sums the loss
+    if HAS_BIAS:
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mc = cols < C
+        col = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(0, S):
+            col += tl.load(part_ptr + i * C + cols, mask=mc, other=0.0)
+        if ACCUMULATE:
+            col += tl.load(grad_bias_ptr + cols, mask=mc, other=0.0).to(tl.float32)
+        tl.store(grad_bias_ptr + cols, col.to(grad_bias_ptr.dtype.element_ty), mask=mc)
+    if tl.program_id(0) == 0:
+        loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
+
+
+class CublasVocabLaunch:
+    """One vocab_path="cublas_vocab_chunks" head call with everything but the tensors fixed; called like
+    `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
+
+    C classes in chunks of `chunk` (every N rows each). block: chunk_lse_kernel's columns a load
+    (LaunchConfig.block_v); splits: dz_split_kernel's blocks of rows; dz_tile (rows, columns, warps), for tuning.
+    example (CUDA): (h's dtype, bias, y, grad_bias) of the signature being prepared: the Triton kernels are
+    compiled for them here and launched directly (kernels/direct.py); without it, `kernel[grid](...)`."""
+
+    __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "index",
+                 "scale_launch", "steps", "final_launch", "n_buf", "o_lse", "o_part", "o_scale", "loss_like",
+                 "lse_cx", "splits", "rows_per", "__weakref__")
+
+    def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
+                 has_bias: bool, device: torch.device, poison: bool = False, block: int | None = None,
+                 splits: int | None = None, dz_tile: tuple | None = None, example: tuple | None = None):
+        V = min(chunk, C)
+        self.N, self.C, self.chunk, self.mean, self.ignore_index, self.relu = N, C, V, mean, ignore_index, relu
+        self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
+        cuda = example is not None
+        br, bc, dw = dz_tile or VDZ_TILE
+        rows_per = -(-N // (splits or DZ_SPLITS))
+        rows_per = -(-rows_per // br) * br
+        S = -(-N // rows_per)
+        lb = min(block or VLSE_BLOCK, triton.next_power_of_2(V))
+        self.lse_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
+                           num_warps=LSE_WARPS if cuda else 1)  # (the first chunk's, less FIRST and LAST)
+        # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
+        # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
+        pad = lambda n: -(-n // 4) * 4  # noqa: E731
+        self.o_lse = pad(N)
+        self.o_part = self.o_lse + pad(2 * N)
+        self.o_scale = self.o_part + (pad(S * C) if has_bias else 0)
+        self.n_buf = self.o_scale + 1
+        self.loss_like = torch.empty((), dtype=torch.float32, device=device)
+        self.index = None
+        if cuda:
+            self.index = device.index if device.index is not None else torch.cuda.current_device()
+            hdt, bias, y, grad_bias = example
+            f32 = torch.float32
+            b_ex = bias if has_bias else hdt  # (without a bias: z, an unused pointer)
+            gb_ex = grad_bias if has_bias else f32  # (without a bias: the scratch, unused)
+
+        def launch(kernel, grid, cx, example):
+            return KernelLaunch(kernel, grid, cx, example() if cuda else None)
+
+        self.scale_launch = None
+        if mean:
+            self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
+                                       lambda: (y, N, ignore_index, f32))
+        built, self.steps = {}, []
+        for v0 in range(0, C, V):
+            v1 = min(v0 + V, C)
+            n, first, last = v1 - v0, v0 == 0, v1 == C
+            # (v0's divisibility by 16 is part of what a direct launch was compiled for)
+            key = (n, first, last, v0 % 16 == 0)
+            if key not in built:
+                lcx = dict(HAS_BIAS=has_bias, MEAN=mean, FIRST=first, LAST=last, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
+                           num_warps=LSE_WARPS if cuda else 1)
+                a = launch(chunk_lse_kernel, N, lcx,
+                           lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n, ignore_index))
+                d = launch(dz_split_kernel, (-(-n // bc), S),
+                           dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1),
+                           lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
+                built[key] = (a, d)
+            self.steps.append((v0, v1) + built[key])
+        self.final_launch = launch(colsum_loss_kernel, -(-C // COLSUM_BLOCK) if has_bias else 1,
+                                   dict(HAS_BIAS=has_bias, ACCUMULATE=accumulate, MEAN=mean, BLOCK=COLSUM_BLOCK,
+                                        num_warps=4 if cuda else 1),
+                                   lambda: (f32, S, C, gb_ex, f32, N, f32, f32))
+        self.splits, self.rows_per = S, rows_per
+
+    @property
+    def kernel(self):
+        """The first Triton kernel of a chunk (what plan._PLANS records)."""
+        return chunk_lse_kernel
+
+    @property
+    def constexprs(self) -> dict:
+        return {k: v for k, v in self.lse_cx.items() if k != "num_warps"}
+
+    @property
+    def num_warps(self) -> int:
+        return self.lse_cx["num_warps"]
+
+    def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
+        shape = h.shape
+        h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
+        N, C = self.N, self.C
+        stream = None if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
+        x = h
+        if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
+            x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
+        # grad_h summed over the chunks in fp32 (16-bit inputs: cuBLAS' fp32 output; on the CPU, fp32 products of
+        # the same values, which are exact)
+        f32_sum = h.dtype != torch.float32
+        grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device)
+        buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
+        loss = torch.empty_like(self.loss_like)
+        z = torch.empty(N * self.chunk, dtype=h.dtype, device=h.device)
+        if self.poison:  # (tests) an element nobody writes stays NaN
+            grad_h.fill_(float("nan"))
+            buf.fill_(float("nan"))
+            loss.fill_(float("nan"))
+        rows_loss = buf[:N]
+        lse = buf[self.o_lse:self.o_part]
+        part = buf[self.o_part:self.o_scale]
+        scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
+        if self.scale_launch is not None:
+            self.scale_launch(stream, y, N, self.ignore_index, scale)
+        if not self.has_bias:
+            bias, part, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
+        ii, S, rp = self.ignore_index, self.splits, self.rows_per
+        for v0, v1, lse_k, _ in self.steps:
+            zc = z[: N * (v1 - v0)].view(N, v1 - v0)
+            torch.mm(x, weight[v0:v1].t(), out=zc)
+            lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
+        for i, (v0, v1, _, dz_k) in enumerate(reversed(self.steps)):
+            n = v1 - v0
+            zc = z[: N * n].view(N, n)
+            if i:  # (the last chunk's logits are still there)
+                torch.mm(x, weight[v0:v1].t(), out=zc)
+            dz_k(stream, zc, bias, y, lse, part, v0, n, N, C, rp, n)
+            if self.accumulate:
+                grad_weight[v0:v1].addmm_(zc.t(), x)
+            else:
+                torch.mm(zc.t(), x, out=grad_weight[v0:v1])
+            _sum_mm(grad_h, zc, weight[v0:v1], i > 0, f32_sum)
+        self.final_launch(stream, part, S, C, grad_bias, rows_loss, N, scale, loss)
+        del z, zc  # (the scratch's memory back before grad_h's rounded copy)
+        if self.relu:
+            grad_h.masked_fill_(h <= 0, 0)
+        return loss, grad_h.to(h.dtype).view(shape)
+
+
+def _sum_mm(out, a, b, add: bool, f32_sum: bool) -> None:
+    # out (fp32) = or += a @ b; 16-bit a and b: cuBLAS' fp32 output (mm/addmm out_dtype), or on the CPU (which
+    # has no out_dtype) the fp32 product of the same values
+    if f32_sum and a.is_cuda:
+        if add:
+            torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+        else:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        return
+    if f32_sum:
+        a, b = a.float(), b.float()
+    if add:
+        out.addmm_(a, b)
+    else:
+        torch.mm(a, b, out=out)
