@@ -132,6 +132,13 @@ def test_chunk_size_rule():
     assert rule("cublas", 4096, 32000, 512, 2, 2, t, cfg, **kw) == 1024  # the floor, above 16 MiB's 256 rows
     assert rule("cublas", 300, 1000, 40, 2, 2, t, cfg, **kw) == 320
     assert rule("cublas", 4096, 32000, 512, 2, 2, t, LaunchConfig(chunk_size=100), **kw) == 128
+    # cublas_vocab_chunks: classes in 512s, a scratch of N x chunk up to 7/8 of grad_W (N x 3072: 24 of 31 MiB),
+    # not evened out (10 x 3072 + 1280)
+    kv = dict(share=klh.CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+    t = klh.CUBLAS_COLUMN_TILE
+    assert rule("cublas_vocab_chunks", 4096, 32000, 512, 2, 2, t, cfg, **kv) == 3072
+    assert rule("cublas_vocab_chunks", 300, 1000, 40, 2, 2, t, cfg, **kv) == 1024  # (16 MiB: every class)
+    assert rule("cublas_vocab_chunks", 300, 1000, 40, 2, 2, t, LaunchConfig(chunk_size=100), **kv) == 512
 
 
 @pytest.mark.parametrize("kw,match", [(dict(vocab_path="fast"), "vocab_path must be one of"),
@@ -228,6 +235,24 @@ def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
     dz_grid = (-(-1000 // DZ_BLOCK_C),)
     assert [(n, g) for n, g, _ in launched] == [("mean_scale_kernel", (1,))] + [
         ("row_lse_kernel", (128,)), ("dz_colsum_kernel", dz_grid)] * 2 + [("row_lse_kernel", (44,)), ("dz_colsum_kernel", dz_grid)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_cublas_vocab_chunks_launches(bias, monkeypatch, device):
+    # 1000 classes in chunks of 512: the lse kernel over 512 then 488 classes (one program a row), dz over each
+    # chunk in blocks of columns x DZ_SPLITS blocks of rows, and one launch for grad_b (blocks of COLSUM_BLOCK
+    # classes) and the loss
+    from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import COLSUM_BLOCK, DZ_SPLITS, VDZ_TILE
+
+    launched = _spy_cublas_kernels(monkeypatch)
+    check("ce", 300, 40, 1000, torch.float32, bias, None, device,
+          config=LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=500))
+    rows_per = -(-(-(-300 // DZ_SPLITS)) // VDZ_TILE[0]) * VDZ_TILE[0]
+    splits = -(-300 // rows_per)
+    dz = lambda n: ("dz_split_kernel", (-(-n // VDZ_TILE[1]), splits, 1))  # noqa: E731
+    assert [(n, g) for n, g, _ in launched] == [
+        ("mean_scale_kernel", (1,)), ("chunk_lse_kernel", (300,)), ("chunk_lse_kernel", (300,)), dz(488), dz(512),
+        ("colsum_loss_kernel", (-(-1000 // COLSUM_BLOCK) if bias else 1,))]
 
 
 @pytest.mark.parametrize("C", [1000, 1025])
