@@ -249,23 +249,29 @@ class CublasVocabLaunch:
         if not self.has_bias:
             bias, part, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
         ii, S, rp = self.ignore_index, self.splits, self.rows_per
-        for v0, v1, lse_k, _ in self.steps:
-            zc = z[: N * (v1 - v0)].view(N, v1 - v0)
-            torch.mm(x, weight[v0:v1].t(), out=zc)
-            lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
-        for i, (v0, v1, _, dz_k) in enumerate(reversed(self.steps)):
+        # the views each made once a call (the host's cost of a call is mostly its torch calls)
+        views, zs = [], {}
+        for v0, v1, _, _ in self.steps:
             n = v1 - v0
-            zc = z[: N * n].view(N, n)
+            if n not in zs:
+                zs[n] = z[: N * n].view(N, n)
+            wk = weight[v0:v1]
+            views.append((wk, wk.t(), grad_weight[v0:v1], zs[n]))
+        for (v0, v1, lse_k, _), (_, wkt, _, zc) in zip(self.steps, views):
+            torch.mm(x, wkt, out=zc)
+            lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
+        for i, ((v0, v1, _, dz_k), (wk, wkt, gwk, zc)) in enumerate(zip(reversed(self.steps), reversed(views))):
+            n = v1 - v0
             if i:  # (the last chunk's logits are still there)
-                torch.mm(x, weight[v0:v1].t(), out=zc)
+                torch.mm(x, wkt, out=zc)
             dz_k(stream, zc, bias, y, lse, part, v0, n, N, C, rp, n)
             if self.accumulate:
-                grad_weight[v0:v1].addmm_(zc.t(), x)
+                gwk.addmm_(zc.t(), x)
             else:
-                torch.mm(zc.t(), x, out=grad_weight[v0:v1])
-            _sum_mm(grad_h, zc, weight[v0:v1], i > 0, f32_sum)
+                torch.mm(zc.t(), x, out=gwk)
+            _sum_mm(grad_h, zc, wk, i > 0, f32_sum)
         self.final_launch(stream, part, S, C, grad_bias, rows_loss, N, scale, loss)
-        del z, zc  # (the scratch's memory back before grad_h's rounded copy)
+        del z, zc, zs, views  # (the scratch's memory back before grad_h's rounded copy)
         if self.relu:
             grad_h.masked_fill_(h <= 0, 0)
         return loss, grad_h.to(h.dtype).view(shape)

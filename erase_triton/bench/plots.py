@@ -210,12 +210,14 @@ def plot_local_head(rows: list[dict], path: str):
     for i, v in enumerate(variants):
         vals = [next((_f(r, "us") for r in rs if (r["loss"], r["N"], r["D"], r["C"], r["dtype"]) == k
                       and r["variant"] == v), float("nan")) for k in cfgs]
-        ax.bar([j + i * w for j in range(len(cfgs))], vals, w, label=v)
+        # (tab20 past 10 variants: the default cycle would repeat a colour)
+        color = plt.get_cmap("tab20" if len(variants) > 10 else "tab10")(i)
+        ax.bar([j + i * w for j in range(len(cfgs))], vals, w, label=v, color=color)
     floors = [next(_f(r, "floor_us") for r in rs if (r["loss"], r["N"], r["D"], r["C"], r["dtype"]) == k) for k in cfgs]
     ax.scatter([j + 0.4 - w / 2 for j in range(len(cfgs))], floors, marker="_", s=400, color="k", label="floor", zorder=3)
     ax.set_yscale("log")
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cfgs))])
-    ax.set_xticklabels([f"{k[0]} N{k[1]}\nD{k[2]} C{k[3]}\n{k[4][:4]}" for k in cfgs], fontsize=7)
+    ax.set_xticklabels([f"{k[0]} N{k[1]}\nD{k[2]} C{k[3]}\n{k[4]}" for k in cfgs], fontsize=7)
     ax.set_ylabel("µs per head call (loss + all grads)")
     ax.legend(fontsize=8)
     ax.set_title(f"Fused local head ({_gpu(rows)})", fontsize=9)

@@ -2,6 +2,7 @@
 schedules interleaved against host drift, peak memory, and the compiled e2e baseline."""
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
@@ -81,20 +82,24 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     return out
 
 
-def peak_mb(run, fresh_stream: bool = False) -> float:
+def peak_mb(run, fresh_stream: bool = False, cublas_warm: bool = False) -> float:
     """Peak device memory (MB) that one call of run() allocates above what was live before it.
     fresh_stream: two calls on a new stream, so that the scratch a fused head keeps per stream
-    (made by its first call there) counts, as a baseline's temporaries do."""
+    (made by its first call there) counts, as a baseline's temporaries do. So does cuBLAS' workspace
+    for that stream (32 MiB on an H100, per handle, made by the first GEMM there) unless cublas_warm:
+    then a GEMM and a GEMM with a bias (cuBLASLt) run on the stream first, as a model's layers would."""
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    if fresh_stream:
-        with torch.cuda.stream(torch.cuda.Stream()):
-            run()
-            run()
-    else:
+    with torch.cuda.stream(torch.cuda.Stream()) if fresh_stream else contextlib.nullcontext():
+        if cublas_warm:
+            a = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+            torch.addmm(a[0], a, a), torch.mm(a, a)
+            torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
         run()
-    torch.cuda.synchronize()
+        if fresh_stream:
+            run()
+        torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
