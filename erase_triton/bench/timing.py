@@ -82,6 +82,21 @@ def time_step(model, inputs, mode: str, graphed: bool, streams=None, lr: float =
     return out
 
 
+_STREAMS: list = []  # the streams made for peak_mb, kept: one at a freed stream's address would find its caches
+
+
+def new_stream() -> torch.cuda.ExternalStream:
+    """A CUDA stream no one has used. torch.cuda.Stream() hands out one of a pool of 32 a device, so after 32
+    calls it is one used before, whose per-stream caches (cuBLAS' workspaces, a fused head's scratch) exist."""
+    import ctypes
+    handle = ctypes.c_void_p()
+    err = ctypes.CDLL("libcuda.so.1").cuStreamCreate(ctypes.byref(handle), 1)  # CU_STREAM_NON_BLOCKING
+    if err:
+        raise RuntimeError(f"cuStreamCreate failed with CUresult {err}")
+    _STREAMS.append(torch.cuda.ExternalStream(handle.value))
+    return _STREAMS[-1]
+
+
 def peak_mb(run, fresh_stream: bool = False, cublas_warm: bool = False) -> float:
     """Peak device memory (MB) that one call of run() allocates above what was live before it.
     fresh_stream: two calls on a new stream, so that the scratch a fused head keeps per stream
@@ -89,7 +104,7 @@ def peak_mb(run, fresh_stream: bool = False, cublas_warm: bool = False) -> float
     for that stream (32 MiB on an H100, per handle, made by the first GEMM there) unless cublas_warm:
     then a GEMM and a GEMM with a bias (cuBLASLt) run on the stream first, as a model's layers would."""
     torch.cuda.synchronize()
-    with torch.cuda.stream(torch.cuda.Stream()) if fresh_stream else contextlib.nullcontext():
+    with torch.cuda.stream(new_stream()) if fresh_stream else contextlib.nullcontext():
         if cublas_warm:
             a = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
             torch.addmm(a[0], a, a), torch.mm(a, a)
