@@ -32,6 +32,7 @@ import time
 import torch
 
 from erase_triton import LaunchConfig
+from erase_triton.kernels.launch import VOCAB_PATHS
 from erase_triton.bench import COMPILE_AT, bench_cases, compile_rows, parse_head_every, tf32_metadata, time_step, write_csv
 
 
@@ -51,7 +52,7 @@ def main():
                     help="also erase with early updates (Scheduler(optimizer=)); column early_update")
     ap.add_argument("--vocab", type=int, default=256,
                     help="the transformer's classes (256: bytes; e.g. 32000 runs its heads on the vocabulary CE kernel)")
-    ap.add_argument("--vocab-path", default=None, choices=["recompute", "vocab_chunks", "row_chunks", "cublas"],
+    ap.add_argument("--vocab-path", default=None, choices=list(VOCAB_PATHS),
                     help="with --vocab > 512: the vocabulary CE path of every head (LaunchConfig.vocab_path)")
     ap.add_argument("--modes", nargs="*", default=["e2e", "sequential", "erase"],
                     choices=["e2e", "sequential", "erase"])
