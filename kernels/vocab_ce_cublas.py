@@ -195,16 +195,18 @@ def mean_scale_kernel(y_ptr, N, ignore_index, scale_ptr, BLOCK: tl.constexpr):
 
 
 def check_cublas_inputs(h, weight, bias, cfg) -> None:
-    """The inputs vocab_path="cublas" takes; ValueError naming what to change otherwise."""
+    """The inputs the cublas paths ("cublas", "cublas_vocab_chunks") take; ValueError naming what to change
+    otherwise."""
+    path = cfg.vocab_path or "cublas"
     if h.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"vocab_path='cublas' takes bf16 or fp32 h, got {h.dtype}: its dz is scaled before it is "
+        raise ValueError(f"vocab_path={path!r} takes bf16 or fp32 h, got {h.dtype}: its dz is scaled before it is "
                          "rounded, which flushes a large vocabulary's fp16 gradients to zero; use vocab_path='row_chunks'")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != h.dtype:
-            raise ValueError(f"vocab_path='cublas' needs {name} in h's dtype ({h.dtype}), got {t.dtype}: cuBLAS "
+            raise ValueError(f"vocab_path={path!r} needs {name} in h's dtype ({h.dtype}), got {t.dtype}: cuBLAS "
                              "multiplies one dtype; cast it, or use a Triton path (vocab_path=None)")
     if cfg.fp32_precision is not None:
-        raise ValueError("fp32_precision does not apply to vocab_path='cublas': its fp32 GEMMs follow "
+        raise ValueError(f"fp32_precision does not apply to vocab_path={path!r}: its fp32 GEMMs follow "
                          "torch.backends.cuda.matmul.allow_tf32; leave fp32_precision=None")
 
 

@@ -289,20 +289,22 @@ def test_cublas_one_read_form_refuses_a_bias_or_a_long_row(device):
     torch.testing.assert_close(out.grad_h, ref.grad_h, rtol=1e-4, atol=1e-6)
 
 
-def test_cublas_vocab_is_bitwise_reproducible(device):
+@pytest.mark.parametrize("path,chunk", [("cublas", 128), ("cublas_vocab_chunks", 512)])
+def test_cublas_vocab_is_bitwise_reproducible(path, chunk, device):
     h, w, b, y = make("ce", 300, 40, 1000, torch.bfloat16, True, device)
-    cfg = LaunchConfig(vocab_path="cublas", chunk_size=128)
+    cfg = LaunchConfig(vocab_path=path, chunk_size=chunk)
     a = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
     again = fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
     for x, z in zip(a, again):
         assert torch.equal(x, z)
 
 
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks"])
 @pytest.mark.parametrize("what,match", [("fp16", "takes bf16 or fp32 h"), ("weight", "needs weight in h's dtype"),
                                         ("bias", "needs bias in h's dtype"), ("precision", "fp32_precision does not apply")])
-def test_cublas_vocab_refuses_what_it_cannot_run(what, match, device):
+def test_cublas_vocab_refuses_what_it_cannot_run(path, what, match, device):
     h, w, b, y = make("ce", 40, 32, 1000, torch.float32, True, device)
-    cfg = LaunchConfig(vocab_path="cublas")
+    cfg = LaunchConfig(vocab_path=path)
     if what == "fp16":
         h, w, b = h.half(), w.half(), b.half()
     elif what == "weight":
@@ -310,12 +312,14 @@ def test_cublas_vocab_refuses_what_it_cannot_run(what, match, device):
     elif what == "bias":
         h, w = h.bfloat16(), w.bfloat16()
     else:
-        cfg = LaunchConfig(vocab_path="cublas", fp32_precision="ieee")
-    with pytest.raises(ValueError, match=match):
+        cfg = LaunchConfig(vocab_path=path, fp32_precision="ieee")
+    with pytest.raises(ValueError, match=match) as err:
         fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg)
+    assert f"vocab_path={path!r}" in str(err.value)
 
 
-def test_cublas_launch_takes_h_and_target_in_their_own_shape(device):
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks"])
+def test_cublas_launch_takes_h_and_target_in_their_own_shape(path, device):
     # A repeated CUDA call takes the fast path, which calls the prepared launch with h [B, T, D] and the
     # target [B, T] as the caller gave them (the Triton launches read only pointers; torch.mm needs [N, D]).
     # Planned for the [N, D] view, called like the fast path: the same loss and gradients, grad_h shaped like h.
@@ -327,7 +331,7 @@ def test_cublas_launch_takes_h_and_target_in_their_own_shape(device):
     y = torch.randint(0, 1000, (3, 50), device=device)
     gw, gb = torch.empty_like(w), torch.empty_like(b)
     hl = prepare_launch(h.reshape(-1, 24), w, b, y.reshape(-1), "ce", "mean", -100,
-                        LaunchConfig(vocab_path="cublas", chunk_size=64), gw, gb, False)
+                        LaunchConfig(vocab_path=path, chunk_size=64), gw, gb, False)
     loss, gh = hl(h, w, b, y, gw, gb)
     ref = fused_local_head(h, w, b, y, loss="ce", backend="torch")
     assert gh.shape == h.shape
