@@ -38,7 +38,7 @@ import triton.language as tl
 from .common import ce_rows, grad_scale, store_scalar, sum_vec
 from .direct import KernelLaunch
 
-__all__ = ["CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel",
+__all__ = ["CublasCall", "CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel",
            "mean_scale_kernel", "row_lse_kernel", "softmax_dz_kernel"]
 
 # softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
@@ -77,26 +77,15 @@ def softmax_dz_kernel(z_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_ind
 
 
 @triton.jit
-def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_z, ignore_index,
-                   HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
-    # row r of the chunk (z: logits without the bias), read once in blocks of BLOCK: its base-2 lse to lse_ptr[r],
-    # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[R + r] (dz_colsum_kernel
-    # reads both), its unscaled loss to loss_ptr[r]. A running max and sum a GROUP of lanes: one ex2 an element
-    # and one a GROUP, not two an element. Small programs (4 warps), several a SM, keep loads in flight
-    r = tl.program_id(0)
-    R = tl.num_programs(0)
-    row = z_ptr + r.to(tl.int64) * stride_z
-    t = tl.load(y_ptr + r)
-    counts, bad = ce_rows(t, t == t, ignore_index, C)
-    scale = 1.0
-    if MEAN:
-        scale = grad_scale(tl.load(scale_ptr))
+def row_max_sum(row, b_ptr, n, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # over the n logits at row (plus the bias at b_ptr), read once in blocks of BLOCK, with u = (z + b) log2(e):
+    # max u and the sum of 2^(u - max). A running max and sum a GROUP of lanes: one ex2 an element and one a GROUP
     o = tl.arange(0, BLOCK)
     m = tl.full([BLOCK // GROUP], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK // GROUP], dtype=tl.float32)
-    for c0 in range(0, C, BLOCK):
+    for c0 in range(0, n, BLOCK):
         cols = c0 + o
-        mc = cols < C
+        mc = cols < n
         z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
         if HAS_BIAS:
             z += tl.load(b_ptr + cols, mask=mc, other=0.0).to(tl.float32)
@@ -106,7 +95,26 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
         s = s * tl.exp2(m - ref) + tl.sum(tl.exp2(u - ref[:, None]), 1)
         m = m_new
     mx = tl.max(m, 0)
-    lse2 = mx + tl.log2(tl.sum(s * tl.exp2(m - mx), 0))
+    return mx, tl.sum(s * tl.exp2(m - mx), 0)
+
+
+@triton.jit
+def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_z, ignore_index,
+                   HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # row r of the chunk (z: logits without the bias), read once in blocks of BLOCK: its base-2 lse to lse_ptr[r],
+    # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[R + r] (dz_colsum_kernel
+    # reads both), its unscaled loss to loss_ptr[r] (row_max_sum). Small programs (4 warps), several a SM, keep
+    # loads in flight
+    r = tl.program_id(0)
+    R = tl.num_programs(0)
+    row = z_ptr + r.to(tl.int64) * stride_z
+    t = tl.load(y_ptr + r)
+    counts, bad = ce_rows(t, t == t, ignore_index, C)
+    scale = 1.0
+    if MEAN:
+        scale = grad_scale(tl.load(scale_ptr))
+    mx, sm = row_max_sum(row, b_ptr, C, HAS_BIAS, BLOCK, GROUP)
+    lse2 = mx + tl.log2(sm)
     tc = tl.where(counts & (t >= 0) & (t < C), t, 0)  # the target's logit, one load (class 0's where unused)
     zt = tl.load(row + tc).to(tl.float32)
     if HAS_BIAS:
@@ -226,7 +234,58 @@ def first_kernel(C: int, has_bias: bool, mean: bool, cuda: bool, two_pass: bool 
     return False, dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(lg, lb), num_warps=lw if cuda else 1)
 
 
-class CublasLaunch:
+class CublasCall:
+    """What the cublas paths' launches share: the plan record of their first Triton kernel (`kernel`,
+    `first_cx`: its launch keywords) and a call's start."""
+
+    __slots__ = ()
+
+    @property
+    def constexprs(self) -> dict:
+        """The first kernel's constexprs."""
+        return {k: v for k, v in self.first_cx.items() if k != "num_warps"}
+
+    @property
+    def num_warps(self) -> int:
+        return self.first_cx["num_warps"]
+
+    def setup(self, N: int, mean: bool, ignore_index: int, has_bias: bool, device, example):
+        """Sets `index`, `loss_like` and `scale_launch` (mean_scale_kernel for a mean); returns (launch, ex).
+        launch(kernel, grid, cx, args) makes a KernelLaunch, compiled on CUDA for args() (a function: the
+        example arguments); ex: the example's (h's dtype, bias, y, grad_bias) where they are pointers, with
+        stand-ins where there is no bias (an unused pointer of z's and of the scratch's dtype), or None."""
+        cuda = example is not None
+        self.loss_like = torch.empty((), dtype=torch.float32, device=device)
+        self.index = None
+        ex = None
+        if cuda:
+            self.index = device.index if device.index is not None else torch.cuda.current_device()
+            hdt, bias, y, grad_bias = example
+            ex = (hdt, bias if has_bias else hdt, y, grad_bias if has_bias else torch.float32)
+
+        def launch(kernel, grid, cx, args):
+            return KernelLaunch(kernel, grid, cx, args() if cuda else None)
+
+        self.scale_launch = None
+        if mean:
+            self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
+                                       lambda: (ex[2], N, ignore_index, torch.float32))
+        return launch, ex
+
+    def start(self, h, y, act):
+        """(h's shape, h as [N, D], y as [N], what the GEMMs read: h or relu(h), the raw CUDA stream or None).
+        The CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
+        their pointers); torch.mm needs the [N, D] matrix. relu(h) by torch, into act when given."""
+        shape = h.shape
+        h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
+        stream = None if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
+        x = h
+        if self.relu:
+            x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
+        return shape, h, y, x, stream
+
+
+class CublasLaunch(CublasCall):
     """One vocab_path="cublas" head call with everything but the tensors fixed; called like `plan.HeadLaunch`:
     (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
@@ -257,25 +316,12 @@ class CublasLaunch:
         self.o_colsum = self.o_lse + (0 if self.one_read else pad(2 * R))
         self.o_scale = self.o_colsum + (pad(C) if has_bias else 0)
         self.n_buf = self.o_scale + 1
-        self.loss_like = torch.empty((), dtype=torch.float32, device=device)
-        self.index = None
-        if cuda:
-            self.index = device.index if device.index is not None else torch.cuda.current_device()
-            # the chunks' slices of y and of the rows' losses start where the whole tensors' alignment holds
-            hdt, bias, y, grad_bias = example
+        launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
+        f32 = torch.float32
+        if cuda:  # the chunks' slices of y and of the rows' losses start where the whole tensors' alignment holds
+            hdt, b_ex, y, gb_ex = ex
             assert R == N or (R * 4 % 16 == 0 and R * y.element_size() % 16 == 0), \
                 f"chunks of {R} rows would change the alignment of their slices of y and of the losses"
-            f32 = torch.float32
-            b_ex = bias if has_bias else hdt  # (without a bias: z, an unused pointer)
-            gb_ex = grad_bias if has_bias else f32  # (without a bias: the scratch, unused)
-
-        def launch(kernel, grid, cx, example):
-            return KernelLaunch(kernel, grid, cx, example() if cuda else None)
-
-        self.scale_launch = None
-        if mean:
-            self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
-                                       lambda: (y, N, ignore_index, f32))
         built, self.steps = {}, []
         for r0 in range(0, N, R):
             r1 = min(r0 + R, N)
@@ -305,25 +351,9 @@ class CublasLaunch:
         """The first Triton kernel of a chunk (what plan._PLANS records)."""
         return softmax_dz_kernel if self.one_read else row_lse_kernel
 
-    @property
-    def constexprs(self) -> dict:
-        """That kernel's constexprs."""
-        return {k: v for k, v in self.first_cx.items() if k != "num_warps"}
-
-    @property
-    def num_warps(self) -> int:
-        return self.first_cx["num_warps"]
-
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
-        # the CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
-        # their pointers); torch.mm needs the [N, D] matrix
-        shape = h.shape
-        h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
+        shape, h, y, x, stream = self.start(h, y, act)
         N, C = self.N, self.C
-        stream = None if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
-        x = h
-        if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
-            x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
         grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
         buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
         loss = torch.empty_like(self.loss_like)

@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 
 from .common import ce_rows, grad_scale
-from .direct import KernelLaunch
-from .vocab_ce_cublas import LN2, LOG2E, LSE_GROUP, LSE_WARPS, dz_rows, loss_total, mean_scale_kernel
+from .vocab_ce_cublas import LN2, LSE_GROUP, LSE_WARPS, CublasCall, dz_rows, loss_total, row_max_sum
 
 __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_split_kernel"]
 
@@ -51,26 +50,11 @@ def chunk_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, v0, n, N
     # row r, classes [v0, v0 + n) (z: that chunk's logits without the bias): the chunk's base-2 max and sum merged
     # into the row's running pair at lse_ptr[r], lse_ptr[N + r], and the target's logit into loss_ptr[r] where the
     # chunk holds it. The last chunk leaves there what row_lse_kernel leaves: the row's base-2 lse and gradient
-    # factor, and its unscaled loss. A running max a GROUP of lanes: one ex2 an element and one a GROUP
+    # factor, and its unscaled loss
     r = tl.program_id(0)
     row = z_ptr + r.to(tl.int64) * stride_z
     t = tl.load(y_ptr + r)
-    o = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK // GROUP], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK // GROUP], dtype=tl.float32)
-    for c0 in range(0, n, BLOCK):
-        cols = c0 + o
-        mc = cols < n
-        z = tl.load(row + cols, mask=mc, other=float("-inf")).to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(b_ptr + v0 + cols, mask=mc, other=0.0).to(tl.float32)
-        u = tl.reshape(z * LOG2E, [BLOCK // GROUP, GROUP])
-        m_new = tl.maximum(m, tl.max(u, 1))
-        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a group of padding only: max -inf, sum 0
-        s = s * tl.exp2(m - ref) + tl.sum(tl.exp2(u - ref[:, None]), 1)
-        m = m_new
-    mx = tl.max(m, 0)
-    sm = tl.sum(s * tl.exp2(m - mx), 0)
+    mx, sm = row_max_sum(row, b_ptr + v0, n, HAS_BIAS, BLOCK, GROUP)
     here = (t >= v0) & (t < v0 + n)
     tc = tl.where(here, t - v0, 0)  # the target's logit, one load (the chunk's first where it is elsewhere)
     zt = tl.load(row + tc).to(tl.float32)
@@ -136,7 +120,7 @@ def colsum_loss_kernel(part_ptr, S, C, grad_bias_ptr, rows_loss_ptr, N, scale_pt
         loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
 
 
-class CublasVocabLaunch:
+class CublasVocabLaunch(CublasCall):
     """One vocab_path="cublas_vocab_chunks" head call with everything but the tensors fixed; called like
     `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
@@ -147,7 +131,7 @@ class CublasVocabLaunch:
 
     __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "index",
                  "scale_launch", "steps", "final_launch", "n_buf", "o_lse", "o_part", "o_scale", "loss_like",
-                 "lse_cx", "splits", "rows_per", "__weakref__")
+                 "first_cx", "splits", "rows_per", "__weakref__")
 
     def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
                  has_bias: bool, device: torch.device, poison: bool = False, block: int | None = None,
@@ -161,7 +145,7 @@ class CublasVocabLaunch:
         rows_per = -(-rows_per // br) * br
         S = -(-N // rows_per)
         lb = min(block or VLSE_BLOCK, triton.next_power_of_2(V))
-        self.lse_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
+        self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
                            num_warps=LSE_WARPS if cuda else 1)  # (the first chunk's, less FIRST and LAST)
         # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
         # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
@@ -170,22 +154,9 @@ class CublasVocabLaunch:
         self.o_part = self.o_lse + pad(2 * N)
         self.o_scale = self.o_part + (pad(S * C) if has_bias else 0)
         self.n_buf = self.o_scale + 1
-        self.loss_like = torch.empty((), dtype=torch.float32, device=device)
-        self.index = None
-        if cuda:
-            self.index = device.index if device.index is not None else torch.cuda.current_device()
-            hdt, bias, y, grad_bias = example
-            f32 = torch.float32
-            b_ex = bias if has_bias else hdt  # (without a bias: z, an unused pointer)
-            gb_ex = grad_bias if has_bias else f32  # (without a bias: the scratch, unused)
-
-        def launch(kernel, grid, cx, example):
-            return KernelLaunch(kernel, grid, cx, example() if cuda else None)
-
-        self.scale_launch = None
-        if mean:
-            self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
-                                       lambda: (y, N, ignore_index, f32))
+        launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
+        f32 = torch.float32
+        hdt, b_ex, y, gb_ex = ex or (None,) * 4
         built, self.steps = {}, []
         for v0 in range(0, C, V):
             v1 = min(v0 + V, C)
@@ -210,25 +181,12 @@ class CublasVocabLaunch:
 
     @property
     def kernel(self):
-        """The first Triton kernel of a chunk (what plan._PLANS records)."""
+        """The first Triton kernel (what plan._PLANS records)."""
         return chunk_lse_kernel
 
-    @property
-    def constexprs(self) -> dict:
-        return {k: v for k, v in self.lse_cx.items() if k != "num_warps"}
-
-    @property
-    def num_warps(self) -> int:
-        return self.lse_cx["num_warps"]
-
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
-        shape = h.shape
-        h, y = h.reshape(-1, shape[-1]), y.reshape(-1)
+        shape, h, y, x, stream = self.start(h, y, act)
         N, C = self.N, self.C
-        stream = None if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
-        x = h
-        if self.relu:  # relu(h) by torch, into act when given; the GEMMs read it
-            x = torch.clamp_min(h, 0, out=act.view(h.shape)) if act is not None else torch.clamp_min(h, 0)
         # grad_h summed over the chunks in fp32 (16-bit inputs: cuBLAS' fp32 output; on the CPU, fp32 products of
         # the same values, which are exact)
         f32_sum = h.dtype != torch.float32
