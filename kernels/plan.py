@@ -235,11 +235,11 @@ _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the
 _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least this, at most a share of grad_W
 # vocab_path="cublas": rows a chunk at least (GEMMs of at least 8 row tiles of 128; not tuned), their rounding, and
 # its scratch: up to 3/8 of grad_W's bytes, chunks not evened out. At (4096, 4096, 128256) that is 1536 + 1536 + 1024
-# rows, within 1.5 GB and level with 4 x 1024 in interleaved rounds on an H100; 2 x 2048 is 3% faster in 1.57 GB
-# (docs/tuning.md#vocabulary-ce-paths)
+# rows, within 1.5 GB, and in interleaved rounds 2% faster than 4 x 1024 on an H200, level on an H100; 2 x 2048 is
+# 2-3% faster in 1.53 GB (docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
-# vocab_path="cublas_vocab_chunks": classes a chunk in multiples of the lse kernel's block, a scratch of up to 7/8 of
-# grad_W's bytes (N x 3072 at (4096, 512, 32000): 24 MiB)
+# vocab_path="cublas_vocab_chunks": classes a chunk in 512s, a scratch of up to 7/8 of grad_W's bytes (N x 3072 at
+# (4096, 512, 32000): 24 MiB, 65 MB a call in all where cuBLAS ran before; not tuned)
 CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
 
 

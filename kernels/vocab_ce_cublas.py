@@ -103,8 +103,8 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
                    HAS_BIAS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     # row r of the chunk (z: logits without the bias), read once in blocks of BLOCK: its base-2 lse to lse_ptr[r],
     # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[R + r] (dz_colsum_kernel
-    # reads both), its unscaled loss to loss_ptr[r] (row_max_sum). Small programs (4 warps), several a SM, keep
-    # loads in flight
+    # reads both), its unscaled loss to loss_ptr[r]; the read is row_max_sum's. Small programs (4 warps), several
+    # a SM, keep loads in flight
     r = tl.program_id(0)
     R = tl.num_programs(0)
     row = z_ptr + r.to(tl.int64) * stride_z

@@ -146,7 +146,7 @@ class CublasVocabLaunch(CublasCall):
         S = -(-N // rows_per)
         lb = min(block or VLSE_BLOCK, triton.next_power_of_2(V))
         self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
-                           num_warps=LSE_WARPS if cuda else 1)  # (the first chunk's, less FIRST and LAST)
+                             num_warps=LSE_WARPS if cuda else 1)  # (the lse kernel's, less FIRST and LAST)
         # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
         # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731
