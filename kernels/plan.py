@@ -218,7 +218,7 @@ _TRITON_ONLY_FIELDS = ("block_n", "block_d", "num_warps", "num_stages", "group_t
 def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
     """The vocabulary CE path of a launch: cfg.vocab_path where set; else "cublas" on CUDA where every
     one of `dtypes` (h, weight, bias: None where absent) is bf16, at full occupancy
-    (2.0x and 1.7x the Triton paths' speed at D = 512 and 4096 on an H100, docs/tuning.md#vocabulary-ce-paths),
+    (2.1x and 1.9x the Triton paths' speed at D = 512 and 4096 on an H200, docs/tuning.md#vocabulary-ce-paths),
     unless a Triton-only field is set or torch's deterministic mode would refuse cuBLAS (no
     CUBLAS_WORKSPACE_CONFIG); else `default_vocab_path(D)`."""
     if cfg.vocab_path:
@@ -404,7 +404,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
     store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says).
     A CE head with C > SMALL_CE_MAX_C on vocab_path="cublas" (named, or `vocab_path_for`'s choice) gets a
-    `CublasLaunch` (called alike)."""
+    `CublasLaunch`, on "cublas_vocab_chunks" a `CublasVocabLaunch` (both called alike)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device

@@ -236,7 +236,7 @@ def first_kernel(C: int, has_bias: bool, mean: bool, cuda: bool, two_pass: bool 
 
 class CublasCall:
     """What the cublas paths' launches share: the plan record of their first Triton kernel (`kernel`,
-    `first_cx`: its launch keywords) and a call's start."""
+    `first_cx`: its launch keywords), their setup, and a call's start and buffers."""
 
     __slots__ = ()
 
@@ -271,6 +271,18 @@ class CublasCall:
             self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
                                        lambda: (ex[2], N, ignore_index, torch.float32))
         return launch, ex
+
+    def buffers(self, h, z_shape, grad_h_dtype):
+        """A call's grad_h (h's shape), fp32 scratch (`n_buf`), loss and logits scratch (z_shape, h's dtype);
+        under the tests' poison the first three start as NaN, so an element nobody writes shows."""
+        grad_h = torch.empty(h.shape, dtype=grad_h_dtype, device=h.device)
+        buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
+        loss = torch.empty_like(self.loss_like)
+        if self.poison:
+            grad_h.fill_(float("nan"))
+            buf.fill_(float("nan"))
+            loss.fill_(float("nan"))
+        return grad_h, buf, loss, torch.empty(z_shape, dtype=h.dtype, device=h.device)
 
     def start(self, h, y, act):
         """(h's shape, h as [N, D], y as [N], what the GEMMs read: h or relu(h), the raw CUDA stream or None).
@@ -354,14 +366,7 @@ class CublasLaunch(CublasCall):
     def __call__(self, h, weight, bias, y, grad_weight, grad_bias, act=None):
         shape, h, y, x, stream = self.start(h, y, act)
         N, C = self.N, self.C
-        grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
-        buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
-        loss = torch.empty_like(self.loss_like)
-        z = torch.empty(self.chunk, C, dtype=h.dtype, device=h.device)
-        if self.poison:  # (tests) an element nobody writes stays NaN
-            grad_h.fill_(float("nan"))
-            buf.fill_(float("nan"))
-            loss.fill_(float("nan"))
+        grad_h, buf, loss, z = self.buffers(h, (self.chunk, C), h.dtype)
         rows_loss = buf[:N]
         lse = buf[self.o_lse:self.o_colsum]
         scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)

@@ -190,14 +190,7 @@ class CublasVocabLaunch(CublasCall):
         # grad_h summed over the chunks in fp32 (16-bit inputs: cuBLAS' fp32 output; on the CPU, fp32 products of
         # the same values, which are exact)
         f32_sum = h.dtype != torch.float32
-        grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device)
-        buf = torch.empty(self.n_buf, dtype=torch.float32, device=h.device)
-        loss = torch.empty_like(self.loss_like)
-        z = torch.empty(N * self.chunk, dtype=h.dtype, device=h.device)
-        if self.poison:  # (tests) an element nobody writes stays NaN
-            grad_h.fill_(float("nan"))
-            buf.fill_(float("nan"))
-            loss.fill_(float("nan"))
+        grad_h, buf, loss, z = self.buffers(h, N * self.chunk, torch.float32)
         rows_loss = buf[:N]
         lse = buf[self.o_lse:self.o_part]
         part = buf[self.o_part:self.o_scale]

@@ -3,6 +3,7 @@ schedules interleaved against host drift, peak memory, and the compiled e2e base
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import random
 import statistics
 import time
@@ -88,7 +89,6 @@ _STREAMS: list = []  # the streams made for peak_mb, kept: one at a freed stream
 def new_stream() -> torch.cuda.ExternalStream:
     """A CUDA stream no one has used. torch.cuda.Stream() hands out one of a pool of 32 a device, so after 32
     calls it is one used before, whose per-stream caches (cuBLAS' workspaces, a fused head's scratch) exist."""
-    import ctypes
     handle = ctypes.c_void_p()
     err = ctypes.CDLL("libcuda.so.1").cuStreamCreate(ctypes.byref(handle), 1)  # CU_STREAM_NON_BLOCKING
     if err:
