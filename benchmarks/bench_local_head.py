@@ -131,8 +131,9 @@ COMPILED = {("bce", 1024, 128, 1), ("bce", 65536, 1024, 1), ("bce", 262144, 1024
 OCC = [1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0]
 VOCAB = [(4096, 512, 32000), (4096, 4096, 128256), (16384, 256, 256), (4096, 256, 256), (4096, 512, 256),
          (4096, 1024, 256), (4096, 2048, 256)]
-# chunk sizes of the chunked paths besides the host rule's ("cublas": rows, the rule's at least 1024)
-CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096], "cublas": [256, 1024, 2048, 4096],
+# chunk sizes of the chunked paths besides the host rule's ("cublas": rows, the rule's at least 1024; 448, the most
+# rows a tile whose scratch, grad_W and grad_h come to less than 64 MiB at (4096, 512, 32000): 62.8 MiB)
+CHUNK_SIZES = {"vocab_chunks": [1024, 4096, 8192], "row_chunks": [512, 1024, 4096], "cublas": [256, 448, 1024, 2048, 4096],
                "cublas_vocab_chunks": [2048, 4096, 8192]}
 TRITON_CHUNKED = ("vocab_chunks", "row_chunks")  # the chunked Triton kernels: tiles and occupancy apply
 # --vocab --tune: tiles, warps and pipelining depth of the chunked paths (block_n, block_v, block_d, num_warps, num_stages)

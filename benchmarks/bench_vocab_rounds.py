@@ -1,14 +1,18 @@
-"""The vocabulary CE head at one shape in interleaved rounds: ours (the default, chunk sizes, no bias) against
-eager PyTorch and torch.compile of the same.
+"""The vocabulary CE head at one shape in interleaved rounds: ours (the default, chunk sizes, other paths, no
+bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
-        [--out benchmarks/results/vocab_rounds.csv]
+        [--paths cublas_vocab_chunks] [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
-round gives do_bench's median (ms) and the kernel time of one call (torch profiler over three calls).
-The summary: medians and ranges, and the median over rounds of ours over eager and over torch.compile
-(a paired estimate: a ratio within one round cancels drift slower than the round).
+round gives do_bench's median (ms) of calls issued one after another, the replay of one call captured in a
+CUDA graph (graphed_ms: what a captured step pays, the host's issue cost gone; NaN where capture fails) and
+the kernel time of one call (torch profiler over three calls: graphed_ms less the gaps between kernels).
+--chunks: `cublas` at those chunk sizes (rows); --paths: other vocabulary paths at their own chunk rule.
+The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
+peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
+estimate: a ratio within one round cancels drift slower than the round), issued and graphed.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_local_head import make, ours_fn, torch_fn  # noqa: E402
 
 from erase_triton import LaunchConfig  # noqa: E402
-from erase_triton.bench import metadata, print_table, write_csv  # noqa: E402
+from erase_triton.bench import metadata, peak_mb, print_table, write_csv  # noqa: E402
+from erase_triton.kernels.launch import VOCAB_PATHS  # noqa: E402
 from erase_triton.reference import head_loss  # noqa: E402
 
 
@@ -37,11 +42,31 @@ def kernel_ms(fn, n: int = 3) -> float:
     return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n / 1e3
 
 
+def graphed(fn):
+    """A CUDA graph of one call of fn (warmed up on a side stream first, as torch.cuda.graphs asks), or None
+    where fn cannot be captured (a host sync, a CPU op)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    except RuntimeError as ex:
+        print(f"# not capturable: {repr(ex)[:160]}", flush=True)
+        return None
+    return g
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="4096:4096:128256", help="N:D:V")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--chunks", default="1024,2048", help="chunk sizes (rows) besides the default's")
+    ap.add_argument("--chunks", default="1024,2048", help="chunk sizes (rows) of vocab_path='cublas' besides the default's")
+    ap.add_argument("--paths", default="", help=f"other vocabulary paths at their own chunk rule, of {', '.join(VOCAB_PATHS)}")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
@@ -51,6 +76,9 @@ def main():
     except (ValueError, AssertionError):
         ap.error(f"--shape N:D:V and --chunks A,B,...: expected positive integers, "
                  f"got {args.shape!r} and {args.chunks!r}")
+    paths = [p for p in args.paths.split(",") if p]
+    if any(p not in VOCAB_PATHS for p in paths):
+        ap.error(f"--paths: expected some of {', '.join(VOCAB_PATHS)}, got {args.paths!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -63,17 +91,23 @@ def main():
                 "ours": ours_fn("ce", h, w, b, y)}
     for cs in chunks:
         variants[f"ours chunk_size={cs}"] = ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path="cublas", chunk_size=cs))
+    for p in paths:
+        variants[f"ours-{p}"] = ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p))
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
         fn()
+    mb = {name: peak_mb(fn, fresh_stream=True, cublas_warm=True) for name, fn in variants.items()}
+    graphs = {name: graphed(fn) for name, fn in variants.items()}
     names = list(variants)
     rows = []
     for rnd in range(args.rounds):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-            fn = variants[name]
+            fn, g = variants[name], graphs[name]
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, kernel_ms=kernel_ms(fn)))
-        print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f}" for r in rows[-len(names):]), flush=True)
+            gms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") if g else float("nan")
+            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_ms(fn)))
+        print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f} ({r['graphed_ms']:.2f} graphed)"
+                                           for r in rows[-len(names):]), flush=True)
     meta = metadata()
     meta["command"] = "bench_vocab_rounds.py " + " ".join(sys.argv[1:])
     write_csv(args.out, rows, meta)
@@ -82,11 +116,15 @@ def main():
     for n in names:
         ms = [r["ms"] for r in per[n]]
         s = dict(variant=n, median_ms=statistics.median(ms), min_ms=min(ms), max_ms=max(ms),
-                 kernel_ms=statistics.median(r["kernel_ms"] for r in per[n]))
+                 graphed_ms=statistics.median(r["graphed_ms"] for r in per[n]),
+                 kernel_ms=statistics.median(r["kernel_ms"] for r in per[n]), peak_mb_cublas_warm=mb[n])
         for base in ("torch", "torch.compile"):
             s[f"over_{base}"] = statistics.median(a["ms"] / c["ms"] for a, c in zip(per[n], per[base]))
+            s[f"graphed_over_{base}"] = statistics.median(a["graphed_ms"] / c["graphed_ms"]
+                                                          for a, c in zip(per[n], per[base]))
         summary.append(s)
-    print_table(summary, ["variant", "median_ms", "min_ms", "max_ms", "kernel_ms", "over_torch", "over_torch.compile"])
+    print_table(summary, ["variant", "median_ms", "min_ms", "max_ms", "graphed_ms", "kernel_ms", "peak_mb_cublas_warm",
+                          "over_torch", "over_torch.compile", "graphed_over_torch", "graphed_over_torch.compile"])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #   (default: tests ktests sanitizer soak dp; the studies are listed in benchmarks/README.md)
 # Installs the project (no network needed) and leaves logs and CSVs (GPU name, versions, commit,
 # command in each .meta.json) in RESULTS_DIR. Per-part time limits: T_<PART> (seconds). Extra
-# arguments: SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, VOCAB_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS; TESTS_K and
+# arguments: SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, VOCAB_ARGS, ROUNDS_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS; TESTS_K and
 # KTESTS_K select tests (pytest -k). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 RES=${1:-runs/gpu}; shift || true
@@ -48,7 +48,7 @@ for p in $PARTS; do
                fi ;;
     head)      timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     vocab)     timeout ${T_VOCAB:-540} python3 benchmarks/bench_local_head.py --vocab --out "$RES/vocab_ce.csv" ${VOCAB_ARGS:-} ;;
-    rounds)    timeout ${T_ROUNDS:-240} python3 benchmarks/bench_vocab_rounds.py --out "$RES/vocab_rounds.csv" ;;
+    rounds)    timeout ${T_ROUNDS:-240} python3 benchmarks/bench_vocab_rounds.py --out "$RES/vocab_rounds.csv" ${ROUNDS_ARGS:-} ;;
     schedule)  timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule_grid.csv" \
                  ${SCHED_ARGS:---exec graph --captures 3 --free-heads --relu-in-head both} | grep -v "^{" ;;
     sweep)     timeout ${T_SWEEP:-300} python3 -P -m erase_triton.cli sweep --out "$RES" ${SWEEP_ARGS:-} | grep -v "^{" ;;

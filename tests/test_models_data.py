@@ -440,7 +440,8 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("check_reliability.py", ["soak", "--steps", "150"], "--steps: expected a positive multiple of 100"),
     ("bench_local_head.py", ["--vocab", "--shapes", "4096:512"], "--shapes: expected N:D:V"),
     ("bench_vocab_rounds.py", ["--shape", "4096:512"], "--shape N:D:V and --chunks A,B,...: expected positive"),
-    ("bench_vocab_rounds.py", ["--chunks", "1024,x"], "--shape N:D:V and --chunks A,B,...: expected positive")])
+    ("bench_vocab_rounds.py", ["--chunks", "1024,x"], "--shape N:D:V and --chunks A,B,...: expected positive"),
+    ("bench_vocab_rounds.py", ["--paths", "cublas,lean"], "--paths: expected some of recompute")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
