@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and study of erase_triton, for one CUDA machine.
 #   bash benchmarks/run_gpu_checks.sh RESULTS_DIR [parts...]
-#   parts: tests ktests sanitizer soak dp head vocab rounds schedule sweep trace bench compile early quality
+#   parts: tests ktests sanitizer soak dp head vocab rounds accuracy schedule sweep trace bench compile early quality
 #   (default: tests ktests sanitizer soak dp; the studies are listed in benchmarks/README.md)
 # Installs the project (no network needed) and leaves logs and CSVs (GPU name, versions, commit,
 # command in each .meta.json) in RESULTS_DIR. Per-part time limits: T_<PART> (seconds). Extra
@@ -48,6 +48,7 @@ for p in $PARTS; do
                fi ;;
     head)      timeout ${T_HEAD:-400} python3 benchmarks/bench_local_head.py --out "$RES/local_head.csv" ${HEAD_ARGS:-} ;;
     vocab)     timeout ${T_VOCAB:-540} python3 benchmarks/bench_local_head.py --vocab --out "$RES/vocab_ce.csv" ${VOCAB_ARGS:-} ;;
+    accuracy)  timeout ${T_ACCURACY:-300} python3 benchmarks/bench_vocab_accuracy.py --out "$RES/vocab_accuracy.csv" ;;
     rounds)    timeout ${T_ROUNDS:-240} python3 benchmarks/bench_vocab_rounds.py --out "$RES/vocab_rounds.csv" ${ROUNDS_ARGS:-} ;;
     schedule)  timeout ${T_SCHED:-500} python3 benchmarks/bench_schedule.py --out "$RES/schedule_grid.csv" \
                  ${SCHED_ARGS:---exec graph --captures 3 --free-heads --relu-in-head both} | grep -v "^{" ;;

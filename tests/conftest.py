@@ -7,30 +7,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _round_bf16_like_the_gpu():
-    """The interpreter (triton 3.6) casts fp32 to bf16 by truncation, where the GPU's cvt.rn rounds to
-    nearest even: a bias of -0.3% on every bf16 value a kernel writes. Round as the GPU does, so the
-    bf16 tolerances measure the kernels and not the interpreter."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    real = interpreter._convert_float
-    if getattr(real, "rounds_to_nearest", False):
-        return
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and \
-                rounding_mode in (None, interpreter._ir.ROUNDING_MODE.RTNE):
-            x = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
-            return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(input.shape)
-        return real(input, input_dtype, output_dtype, rounding_mode)
-    convert.rounds_to_nearest = True
-    interpreter._convert_float = convert
-
-
 if os.environ.get("TRITON_INTERPRET") == "1":
-    _round_bf16_like_the_gpu()
+    # the interpreter truncates fp32 to bf16 (a -0.3% bias on every bf16 output); the GPU rounds to nearest even
+    from erase_triton.bench.interpreter import round_bf16_like_the_gpu
+
+    round_bf16_like_the_gpu()
 
 import pytest  # noqa: E402
 import sys  # noqa: E402

@@ -478,3 +478,21 @@ def test_the_interpreter_rounds_fp32_to_bf16_to_nearest_even():
     y = torch.empty(x.shape, dtype=torch.bfloat16)
     cast[(1,)](x, y, x.numel(), BLOCK=4096)
     assert torch.equal(y.view(torch.int16), x.bfloat16().view(torch.int16))
+
+
+def test_kernels_round_bf16_to_nearest_even(device):
+    # the GPU's cvt.rn (and, via conftest's round_bf16_like_the_gpu, the interpreter's): 1 + 0.75 ulp rounds up,
+    # 1 + 0.5 ulp to the even 1, a tie above an odd mantissa up; truncation would give 1 and 1 + ulp below
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def to_bf16(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        tl.store(out_ptr + o, tl.load(x_ptr + o).to(tl.bfloat16))
+
+    ulp = 2.0 ** -7
+    x = torch.tensor([1 + 0.75 * ulp, 1 + 0.5 * ulp, 1 + 1.5 * ulp, -(1 + 0.75 * ulp)], device=device)
+    out = torch.empty(4, dtype=torch.bfloat16, device=device)
+    to_bf16[(1,)](x, out, BLOCK=4)
+    assert out.tolist() == x.to(torch.bfloat16).tolist() == [1 + ulp, 1.0, 1 + 2 * ulp, -(1 + ulp)]

@@ -441,7 +441,9 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_local_head.py", ["--vocab", "--shapes", "4096:512"], "--shapes: expected N:D:V"),
     ("bench_vocab_rounds.py", ["--shape", "4096:512"], "--shape N:D:V and --chunks A,B,...: expected positive"),
     ("bench_vocab_rounds.py", ["--chunks", "1024,x"], "--shape N:D:V and --chunks A,B,...: expected positive"),
-    ("bench_vocab_rounds.py", ["--paths", "cublas,lean"], "--paths: expected some of recompute")])
+    ("bench_vocab_rounds.py", ["--paths", "cublas,lean"], "--paths: expected some of recompute"),
+    ("bench_vocab_accuracy.py", ["--shape", "64:32:256"], "--shape N:D:V (V > 512, a vocabulary head)"),
+    ("bench_vocab_accuracy.py", ["--paths", "lean"], "--paths: expected some of recompute")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     # checked before the CUDA check, so a CPU machine tells a user what is wrong with the command
     import subprocess
@@ -451,3 +453,25 @@ def test_benchmark_scripts_reject_bad_arguments(script, args, message):
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", script), *args],
                        capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
+
+
+def test_vocab_accuracy_study_runs_on_the_cpu(tmp_path):
+    # the study a CPU can run (kernels in the interpreter): every row's errors against float64, and each over eager's
+    import subprocess
+    import sys
+
+    from erase_triton.bench import read_csv
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "acc.csv"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_vocab_accuracy.py"), "--shape",
+                        "96:32:600", "--chunks", "64", "--out", str(out)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-800:]
+    rows = {row["variant"]: row for row in read_csv(str(out))}
+    assert list(rows) == ["torch", "one rounding", "cublas", "cublas_vocab_chunks", "cublas chunk_size=64"]
+    for name, row in rows.items():
+        for what in ("loss", "grad_h", "grad_W", "grad_b"):
+            err = float(row[what])
+            assert 0 <= err < 0.02, (name, what, err)  # bf16: a few 1e-3
+            assert float(row[f"{what}_over_torch"]) == pytest.approx(err / float(rows["torch"][what]))
