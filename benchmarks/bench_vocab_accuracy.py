@@ -24,14 +24,14 @@ import sys
 import time
 
 
-def parse(argv=None):
+def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="4096:512:32000", help="N:D:V")
     ap.add_argument("--paths", default="cublas,cublas_vocab_chunks", help="vocabulary paths, each at its chunk rule")
     ap.add_argument("--chunks", default="448", help="chunk sizes (rows) of vocab_path='cublas' besides its rule's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/vocab_accuracy.csv")
-    args = ap.parse_args(argv)
+    args = ap.parse_args()
     try:
         N, D, C = (int(x) for x in args.shape.split(":"))
         chunks = [int(x) for x in args.chunks.split(",") if x]
@@ -97,7 +97,6 @@ def main():
             row[f"{what}_over_torch"] = row[what] / rows[0][what] if rows[0][what] > 0 else float("nan")
     meta = metadata()
     meta["kernels"] = "compiled" if dev == "cuda" else "Triton interpreter"
-    meta["command"] = "bench_vocab_accuracy.py " + " ".join(sys.argv[1:])
     write_csv(args.out, rows, meta)
     print_table(rows, ["variant", *names, "grad_h_over_torch", "grad_W_over_torch", "grad_b_over_torch"])
 
