@@ -16,7 +16,7 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
-VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks")
+VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks", "cublas_in_place")
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):
@@ -82,6 +82,11 @@ class LaunchConfig:
                     classes over every row: an [N, chunk_size] scratch, four GEMMs (the logits twice),
                     grad_W and grad_b written once and grad_h summed in fp32. Its scratch can be any
                     size: the lean choice for a narrow h (small D), where "cublas" needs at least 1024 x C.
+                    "cublas_in_place" (vocab_ce_cublas_in_place.py): as "cublas" over every row at once,
+                    the logits (transposed) in grad_W's own memory until grad_W is written over them, block
+                    of classes by block: three GEMMs, grad_W written once, a [chunk_size, N] scratch and an
+                    fp32 grad_h. Takes N <= D (the logits fit in grad_W) and a grad_W it writes
+                    (accumulate=False: no existing .grad).
                     Measurements and the choice between them: docs/tuning.md#vocabulary-ce-paths.
     chunk_size:     vocabulary columns ("vocab_chunks", "cublas_vocab_chunks") or rows ("row_chunks",
                     "cublas") a chunk, rounded up to the kernel's tile. None: the host rule, a scratch of
@@ -89,7 +94,8 @@ class LaunchConfig:
                     least enough rows to give every program a grad_h tile, "cublas" at least
                     1024 rows, up to 3/8 of grad_W's bytes, and "cublas_vocab_chunks" classes in 512s
                     up to 7/8 of grad_W's bytes; for the last two the last chunk is the rest
-                    (`kernels.plan.chunk_size_for`).
+                    (`kernels.plan.chunk_size_for`). "cublas_in_place": classes a block (the scratch's
+                    rows), None: 4096.
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight

@@ -19,6 +19,7 @@ from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
 from .direct import direct_launcher
 from .vocab_ce_cublas import CublasLaunch, check_cublas_inputs
+from .vocab_ce_cublas_in_place import CublasInPlaceLaunch
 from .vocab_ce_cublas_vocab_chunks import CublasVocabLaunch
 from .vocab_ce_row_chunks import vocab_ce_row_chunks_kernel
 from .vocab_ce_vocab_chunks import vocab_ce_vocab_chunks_kernel
@@ -241,6 +242,8 @@ CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
 # vocab_path="cublas_vocab_chunks": classes a chunk in 512s, a scratch of up to 7/8 of grad_W's bytes (N x 3072 at
 # (4096, 512, 32000): 24 MiB, 65 MB a call in all where cuBLAS ran before; not tuned)
 CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
+# vocab_path="cublas_in_place": classes a block of grad_W (the [block, N] scratch's rows; not tuned)
+CUBLAS_IN_PLACE_BLOCK = 4096
 
 
 def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,
@@ -404,7 +407,8 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     relu: the head reads relu(h2) and grad_h is the gradient at the ReLU's input.
     store_act: the kernel also writes relu(h2) where it can (`HeadLaunch.store_act` says).
     A CE head with C > SMALL_CE_MAX_C on vocab_path="cublas" (named, or `vocab_path_for`'s choice) gets a
-    `CublasLaunch`, on "cublas_vocab_chunks" a `CublasVocabLaunch` (both called alike)."""
+    `CublasLaunch`, on "cublas_vocab_chunks" a `CublasVocabLaunch`, on "cublas_in_place" a `CublasInPlaceLaunch`
+    (all called alike)."""
     N, D = h2.shape
     C = weight.shape[0]
     dev = h2.device
@@ -416,10 +420,20 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         if cfg.vocab_path is None:
             dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
             cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
-        if cfg.vocab_path in ("cublas", "cublas_vocab_chunks"):
+        if cfg.vocab_path in ("cublas", "cublas_vocab_chunks", "cublas_in_place"):
             check_cublas_inputs(h2, weight, bias, cfg)
             mean, example = reduction == "mean", (h2.dtype, bias, y, grad_bias) if cuda else None
-            if cfg.vocab_path == "cublas":
+            if cfg.vocab_path == "cublas_in_place":
+                if N > D:
+                    raise ValueError(f"vocab_path='cublas_in_place' holds the N x C logits in grad_W's C x D memory, "
+                                     f"so it takes at most D = {D} rows, got N = {N}; use vocab_path='cublas'")
+                if accumulate:
+                    raise ValueError("vocab_path='cublas_in_place' writes the logits into grad_W's memory, so it "
+                                     "cannot add to an existing gradient (accumulate=True: the weight's .grad is "
+                                     "set); zero_grad(set_to_none=True) first, or use vocab_path='cublas'")
+                hl = CublasInPlaceLaunch(N, C, D, cfg.chunk_size or CUBLAS_IN_PLACE_BLOCK, mean, ignore_index, relu,
+                                         bias is not None, dev, POISON, example=example)
+            elif cfg.vocab_path == "cublas":
                 chunk = chunk_size_for("cublas", N, C, D, h2.element_size(), weight.element_size(), CUBLAS_ROW_TILE,
                                        cfg, least=CUBLAS_MIN_ROWS, share=CUBLAS_SCRATCH_SHARE, even=False)
                 hl = CublasLaunch(N, C, chunk, mean, ignore_index, relu, accumulate, bias is not None, dev, POISON,

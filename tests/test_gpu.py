@@ -460,16 +460,28 @@ def test_capture_replay_equals_eager(mode, priorities, relu):
         assert prio[0] == 0 and prio[-1] < prio[-2] < 0 and prio == sorted(prio, reverse=True), prio
 
 
-@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "row_chunks"])
+@pytest.mark.parametrize("N,D,C,dtype,block,activation", [
+    (4096, 4096, 128256, torch.bfloat16, None, None),  # the LM shape: 32 blocks of 4096 classes, 31 in grad_W's memory
+    (2048, 4096, 50257, torch.bfloat16, 1024, "relu"),  # N < D, odd C: a last block of 81 classes
+    (1000, 1024, 32000, torch.float32, 2048, None),
+])
+def test_cublas_in_place_path_at_scale(N, D, C, dtype, block, activation):
+    klh._PLANS.clear()
+    check_at_scale("ce", N, D, C, dtype, None, activation, vocab_path="cublas_in_place", chunk_size=block)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas_in_place"}
+
+
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "row_chunks", "cublas_in_place"])
 def test_vocabulary_heads_capture_replay_equals_eager(path):
     # a transformer whose heads take a vocabulary path (1000 classes), fp32 so replay and eager agree to
     # rounding: the cublas path's several launches (cuBLAS, its lse and dz kernels) in one graph,
-    # with no host sync in a replay
+    # with no host sync in a replay (in place: as wide as the 256 rows, which must fit in grad_W)
     from erase_triton.bench import set_vocab_path
     from erase_triton.models.transformer import TinyTransformer
 
     torch.manual_seed(0)
-    m_eager = TinyTransformer(vocab=1000, width=64, layers=6, n_heads=1, max_seq=32, head_every=3).to(dev)
+    width = 256 if path == "cublas_in_place" else 64
+    m_eager = TinyTransformer(vocab=1000, width=width, layers=6, n_heads=1, max_seq=32, head_every=3).to(dev)
     set_vocab_path(m_eager, path)
     m_graph = copy.deepcopy(m_eager)
     xs = [torch.randint(0, 1000, (8, 32), device=dev) for _ in range(4)]

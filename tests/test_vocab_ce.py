@@ -340,9 +340,10 @@ def test_cublas_launch_takes_h_and_target_in_their_own_shape(path, device):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("path, chunk", [("cublas", 64), ("cublas_vocab_chunks", 512)])
+@pytest.mark.parametrize("path, chunk", [("cublas", 64), ("cublas_vocab_chunks", 512), ("cublas_in_place", 512)])
 def test_cublas_paths_round_as_eager_pytorch_but_cublas_grad_w(path, chunk, device):
-    # Four chunks of rows, eight of classes. Every gradient within 1.1x the relative error of eager PyTorch's
+    # Four chunks of rows, eight of classes (in place: 128 rows, eight blocks of classes written over the logits
+    # from the last). Every gradient within 1.1x the relative error of eager PyTorch's
     # bf16 head (Linear, cross_entropy, autograd: dz rounded to bf16 before its GEMMs, each output rounded
     # once), except `cublas`' grad_W, added to in bf16 once a chunk of rows (1.3x here;
     # docs/tuning.md#vocabulary-ce-paths). head_checks' 2x-plus-0.8% rule passes a grad_h summed in bf16 over
@@ -351,7 +352,8 @@ def test_cublas_paths_round_as_eager_pytorch_but_cublas_grad_w(path, chunk, devi
 
     from erase_triton import reference
 
-    h, w, b, y = make("ce", 256, 64, 4096, torch.bfloat16, True, device)
+    N, D = (128, 128) if path == "cublas_in_place" else (256, 64)
+    h, w, b, y = make("ce", N, D, 4096, torch.bfloat16, True, device)
     out = fused_local_head(h, w, b, y, loss="ce", backend="triton",
                            config=LaunchConfig(vocab_path=path, chunk_size=chunk))
     leaves = [t.detach().requires_grad_(True) for t in (h, w, b)]
@@ -364,3 +366,41 @@ def test_cublas_paths_round_as_eager_pytorch_but_cublas_grad_w(path, chunk, devi
         assert ratio <= most, f"{path} {what}: {ratio:.3f}x eager PyTorch's error, more than {most}"
         if (path, what) == ("cublas", "grad_weight"):
             assert ratio > 1.1, f"cublas grad_W: {ratio:.3f}x eager's error: the chunks' roundings are gone?"
+
+
+# (N, D, C, dtype, bias, block of classes, reduction, activation): N <= D. Blocks of 256 over 1000 classes (the
+# last short, the logits of classes 256-999 in grad_W's memory); C below one block (all of them in the scratch);
+# rows not a multiple of the kernels' 64; one row; a sum; relu
+IN_PLACE = [(64, 96, 1000, "fp32", True, 256, "mean", None), (64, 64, 700, "bf16", False, None, "mean", None),
+            (50, 80, 1300, "bf16", True, 512, "sum", "relu"), (1, 16, 600, "fp32", True, 128, "mean", None),
+            (100, 100, 2000, "fp32", False, 64, "mean", "relu")]
+
+
+@pytest.mark.parametrize("N,D,C,dt,bias,block,reduction,activation", IN_PLACE,
+                         ids=[f"N{c[0]}-D{c[1]}-C{c[2]}-{c[3]}-bias{c[4]}-block{c[5]}-{c[6]}-{c[7]}" for c in IN_PLACE])
+def test_cublas_in_place_matches_reference(N, D, C, dt, bias, block, reduction, activation, device):
+    klh._PLANS.clear()
+    cfg = LaunchConfig(vocab_path="cublas_in_place", chunk_size=block)
+    check("ce", N, D, C, DTYPES[dt], bias, None, device, reduction=reduction, config=cfg, activation=activation)
+    assert {p.kind for p in klh._PLANS.values()} == {"cublas_in_place"}
+
+
+def test_cublas_in_place_is_reproducible_and_refuses_what_it_cannot_hold(device):
+    from erase_triton import LocalHead
+    from erase_triton.functional import local_head_into
+
+    cfg = LaunchConfig(vocab_path="cublas_in_place", chunk_size=128)
+    h, w, b, y = make("ce", 48, 64, 900, torch.float32, True, device)
+    one, two = (fused_local_head(h, w, b, y, loss="ce", backend="triton", config=cfg) for _ in range(2))
+    for a, c in zip(one, two):
+        assert torch.equal(a, c)
+    h2, w2, b2, y2 = make("ce", 65, 64, 900, torch.float32, True, device)  # N > D: the logits do not fit
+    with pytest.raises(ValueError, match=r"takes at most D = 64 rows, got N = 65; use vocab_path='cublas'"):
+        fused_local_head(h2, w2, b2, y2, loss="ce", backend="triton", config=cfg)
+    with pytest.raises(ValueError, match=r"cannot add to an existing gradient \(accumulate=True"):
+        local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton", config=cfg,
+                        grad_weight=torch.zeros_like(w), grad_bias=torch.zeros_like(b), accumulate=True)
+    head = LocalHead(64, 900, loss="ce").to(device)
+    head.configure(vocab_path="cublas_in_place")
+    head(h.detach().requires_grad_(True), y)  # .grad None: the head's first gradient is written, not added
+    assert head.weight.grad is not None and torch.isfinite(head.weight.grad).all()
