@@ -9,8 +9,8 @@ bandwidth, memory, achieved TFLOP/s.
 V = 256), bf16, against every baseline that installs (Liger and cut-cross-entropy travel as wheels:
 benchmarks/run_gpu_checks.sh installs .whl/; PyTorch's chunked `linear_cross_entropy` from torch 2.13), with
 every vocabulary path where V > 512 (`ours-recompute`, `ours-vocab_chunks`,
-`ours-row_chunks`, `ours-cublas` and `ours-cublas_vocab_chunks`: LaunchConfig(vocab_path=...), also at other
-chunk sizes, and the Triton
+`ours-row_chunks`, `ours-cublas`, `ours-cublas_vocab_chunks` and, where N <= D, `ours-cublas_in_place`:
+LaunchConfig(vocab_path=...), also at other chunk sizes, and the Triton
 paths at occupancy 1/8; `ours-cublas bias=None` and `ours-cublas bias=None two_pass=True` where V <= 32768:
 without a bias, its softmax kernel holding each row (read once) or the two-read form a bias takes; `ours` where
 V <= 512). --shapes N:D:V,... picks others. --tune: the chunked paths alone over VOCAB_TUNE's tiles, warps and
@@ -187,6 +187,8 @@ def compare_variants(args, loss, N, D, C, dtype, h, w, b, y, have_liger, have_cc
         out.append(("cut-cross-entropy-exact", cce_fn(h, w, b, y, filter_eps=None)))
     if args.vocab and C > 512:  # every vocabulary path by name (the default is one of them), chunk sizes, 1/8 of the SMs
         out.append(("ours-recompute", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="recompute"))))
+        if N <= D:  # the logits fit in grad_W's memory
+            out.append(("ours-cublas_in_place", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path="cublas_in_place"))))
         for path, sizes in CHUNK_SIZES.items():
             out.append((f"ours-{path}", ours_fn(loss, h, w, b, y, LaunchConfig(vocab_path=path))))
             for size in sizes:
@@ -249,7 +251,7 @@ def main():
                            peak_mb_cublas_warm=peak_mb(fn, fresh_stream=True, cublas_warm=True))
                 # launches and host time (2050 back-to-back calls): only where a call takes milliseconds
                 if name in ("ours", "ours-recompute", "ours-vocab_chunks", "ours-row_chunks", "ours-cublas",
-                            "ours-cublas_vocab_chunks", "torch") and N <= 4096 and ms_call \
+                            "ours-cublas_vocab_chunks", "ours-cublas_in_place", "torch") and N <= 4096 and ms_call \
                         and not args.tune:
                     row["launches"] = launches(fn)
                     row["host_us"] = host_us(fn)

@@ -28,7 +28,7 @@ from erase_triton.kernels import plan as kplan  # noqa: E402
 
 _DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # pointer arguments: which dtype each points to (h-like ones follow --dtype, w-like ones --wdtype)
-_PTRS = {"z_ptr": "h", "scale_ptr": "fp32", "h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
+_PTRS = {"z_ptr": "h", "t_ptr": "h", "g_ptr": "h", "scale_ptr": "fp32", "h_ptr": "h", "w_ptr": "w", "b_ptr": "w", "y_ptr": "i64", "gh_ptr": "h", "act_ptr": "h", "gw_ptr": "w", "gb_ptr": "w",
          "loss_ptr": "fp32", "lse_ptr": "fp32", "colsum_ptr": "fp32", "grad_bias_ptr": "w", "rows_loss_ptr": "fp32", "out_ptr": "fp32", "part_ptr": "fp32", "ws_ptr": "fp32", "acc_ptr": "fp32", "ctr_ptr": "i32"}
 _INTS = {"inv_count": "fp32"}
 
@@ -46,6 +46,11 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
         from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import CublasVocabLaunch, chunk_lse_kernel
         hl = CublasVocabLaunch(4096, C, C, True, -100, False, False, True, torch.device("cpu"))
         return kplan._Plan(chunk_lse_kernel, vocab_path, dict(hl.constexprs, FIRST=False, LAST=True), LSE_WARPS)
+    if vocab_path == "cublas_in_place" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # its lse kernel
+        from erase_triton.kernels.vocab_ce_cublas_in_place import LSE_T_TILE, CublasInPlaceLaunch, lse_t_kernel
+        hl = CublasInPlaceLaunch(min(D, 4096), C, D, kplan.CUBLAS_IN_PLACE_BLOCK, True, -100, False, True,
+                                 torch.device("cpu"))
+        return kplan._Plan(lse_t_kernel, vocab_path, hl.constexprs, LSE_T_TILE[2])
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan

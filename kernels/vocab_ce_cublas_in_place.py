@@ -40,9 +40,12 @@ from .vocab_ce_cublas_vocab_chunks import _sum_mm
 
 __all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel", "merge_kernel"]
 
-# lse_t_kernel's tile (classes x rows) and class splits; dz_t_kernel's tile; merge_kernel's rows a program.
-# Not tuned on a GPU
-LSE_T_TILE, LSE_T_SPLITS, DZ_T_TILE, MERGE_BLOCK = (64, 64, 4), 8, (64, 64, 4), 1024
+# lse_t_kernel's and dz_t_kernel's tiles (classes x rows, warps; the rows are contiguous): dz_t_kernel's as
+# vocab_ce_cublas.py's 64 x 128 dz tile transposed (sm_90a: both 255 registers, 100-120 B spilled);
+# lse_t_kernel's 64 x 64 at 8 warps takes 96 registers (167 at 4, 197 for 64 x 128). lse_t_kernel's
+# programs (its splits of the classes make about two a SM on an H100 or H200); merge_kernel's rows a
+# program. Not tuned on a GPU
+LSE_T_TILE, LSE_T_PROGRAMS, DZ_T_TILE, MERGE_BLOCK = (64, 64, 8), 264, (64, 128, 8), 1024
 
 
 @triton.jit
@@ -160,7 +163,7 @@ class CublasInPlaceLaunch(CublasCall):
     `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
     N <= D rows, C classes in blocks of `block` (T's rows; a multiple of the kernels' class tiles). splits:
-    lse_t_kernel's splits of the classes. example (CUDA): (h's dtype, bias, y, grad_bias) of the signature
+    lse_t_kernel's splits of the classes (None: LSE_T_PROGRAMS programs in all). example (CUDA): (h's dtype, bias, y, grad_bias) of the signature
     being prepared: the Triton kernels are compiled for them here and launched directly (kernels/direct.py);
     without it, `kernel[grid](...)`."""
 
@@ -179,7 +182,7 @@ class CublasInPlaceLaunch(CublasCall):
         dc, dn, dw = DZ_T_TILE
         tile = max(lc, dc)
         self.block = B = min(-(-block // tile) * tile, -(-C // tile) * tile)
-        S = max(1, min(splits or LSE_T_SPLITS, -(-C // lc)))
+        S = max(1, min(splits or -(-LSE_T_PROGRAMS // -(-N // ln)), -(-C // lc)))
         cs = -(-(-(-C // S)) // lc) * lc  # classes a split, in lse tiles
         S = -(-C // cs)
         self.splits, self.cs = S, cs
