@@ -163,10 +163,10 @@ class CublasInPlaceLaunch(CublasCall):
     """One vocab_path="cublas_in_place" head call with everything but the tensors fixed; called like
     `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
-    N <= D rows, C classes in blocks of `block` (T's rows; a multiple of the kernels' class tiles). splits:
-    lse_t_kernel's splits of the classes (None: LSE_T_PROGRAMS programs in all). example (CUDA): (h's dtype, bias, y, grad_bias) of the signature
-    being prepared: the Triton kernels are compiled for them here and launched directly (kernels/direct.py);
-    without it, `kernel[grid](...)`."""
+    N <= D rows, C classes in blocks of `block` (T's rows; rounded up to the kernels' class tiles). splits:
+    lse_t_kernel's splits of the classes (None: about LSE_T_PROGRAMS programs in all). example (CUDA): (h's
+    dtype, bias, y, grad_bias) of the signature being prepared: the Triton kernels are compiled for them here
+    and launched directly (kernels/direct.py); without it, `kernel[grid](...)`."""
 
     __slots__ = ("N", "C", "D", "block", "mean", "ignore_index", "relu", "has_bias", "poison", "index",
                  "scale_launch", "lse_launch", "merge_launch", "dz_launch", "n_buf", "o_lse", "o_part", "o_scale",
@@ -181,12 +181,12 @@ class CublasInPlaceLaunch(CublasCall):
         cuda = example is not None
         lc, ln, lw = LSE_T_TILE
         dc, dn, dw = DZ_T_TILE
-        tile = max(lc, dc)
-        self.block = B = min(-(-block // tile) * tile, -(-C // tile) * tile)
-        S = max(1, min(splits or -(-LSE_T_PROGRAMS // -(-N // ln)), -(-C // lc)))
-        cs = -(-(-(-C // S)) // lc) * lc  # classes a split, in lse tiles
-        S = -(-C // cs)
-        self.splits, self.cs = S, cs
+        cdiv = lambda a, b: -(-a // b)  # noqa: E731
+        tile = max(lc, dc)  # (a tile of classes lies in T or in grad_W's memory)
+        self.block = B = min(cdiv(block, tile), cdiv(C, tile)) * tile
+        S = max(1, min(splits or cdiv(LSE_T_PROGRAMS, cdiv(N, ln)), cdiv(C, lc)))
+        self.cs = cs = cdiv(cdiv(C, S), lc) * lc  # classes a split, in whole tiles
+        self.splits = S = cdiv(C, cs)
         self.first_cx = dict(HAS_BIAS=has_bias, BLOCK_C=lc, BLOCK_N=ln, num_warps=lw if cuda else 1)
         # the fp32 scratch, one allocation: [rows' losses N | lse and factor 2N | splits' max, sum, target 3SN |
         # scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
@@ -243,7 +243,7 @@ class CublasInPlaceLaunch(CublasCall):
             c0, c1 = k * B, min(k * B + B, C)
             torch.mm(g[c0 - B:c1 - B], x, out=grad_weight[c0:c1])
         torch.mm(t, x, out=grad_weight[:B])
-        del t
+        del t  # (the scratch's memory back before grad_h's rounded copy)
         if self.relu:
             grad_h.masked_fill_(h <= 0, 0)
         return loss, grad_h.to(h.dtype).view(shape)
