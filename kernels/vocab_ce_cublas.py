@@ -284,6 +284,16 @@ class CublasCall:
             loss.fill_(float("nan"))
         return grad_h, buf, loss, torch.empty(z_shape, dtype=h.dtype, device=h.device)
 
+    def views(self, buf, y, stream):
+        """(rows' losses, lse and factor, the part up to the scale, the mean's scale: the rows' losses for a
+        sum, an unused pointer) as views of a call's fp32 scratch `buf`, laid out [N | o_lse: | o_part: |
+        o_scale]; the mean's scale kernel launched into its slot."""
+        rows_loss = buf[:self.N]
+        scale = buf[self.o_scale:] if self.mean else rows_loss
+        if self.scale_launch is not None:
+            self.scale_launch(stream, y, self.N, self.ignore_index, scale)
+        return rows_loss, buf[self.o_lse:self.o_part], buf[self.o_part:self.o_scale], scale
+
     def start(self, h, y, act):
         """(h's shape, h as [N, D], y as [N], what the GEMMs read: h or relu(h), the raw CUDA stream or None).
         The CUDA fast path passes h [..., D] and y [...] as the caller gave them (the Triton kernels read only
@@ -308,7 +318,7 @@ class CublasLaunch(CublasCall):
     Without it (the CPU interpreter), `kernel[grid](...)`."""
 
     __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "one_read",
-                 "first_cx", "index", "scale_launch", "steps", "loss_launch", "n_buf", "o_lse", "o_colsum", "o_scale",
+                 "first_cx", "index", "scale_launch", "steps", "loss_launch", "n_buf", "o_lse", "o_part", "o_scale",
                  "loss_like", "__weakref__")
 
     def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
@@ -325,8 +335,8 @@ class CublasLaunch(CublasCall):
         # part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731
         self.o_lse = pad(N)
-        self.o_colsum = self.o_lse + (0 if self.one_read else pad(2 * R))
-        self.o_scale = self.o_colsum + (pad(C) if has_bias else 0)
+        self.o_part = self.o_lse + (0 if self.one_read else pad(2 * R))  # (the part: grad_b's sums)
+        self.o_scale = self.o_part + (pad(C) if has_bias else 0)
         self.n_buf = self.o_scale + 1
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
@@ -367,14 +377,8 @@ class CublasLaunch(CublasCall):
         shape, h, y, x, stream = self.start(h, y, act)
         N, C = self.N, self.C
         grad_h, buf, loss, z = self.buffers(h, (self.chunk, C), h.dtype)
-        rows_loss = buf[:N]
-        lse = buf[self.o_lse:self.o_colsum]
-        scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
-        if self.scale_launch is not None:
-            self.scale_launch(stream, y, N, self.ignore_index, scale)
-        if self.has_bias:
-            colsum = buf[self.o_colsum:self.o_scale]
-        else:
+        rows_loss, lse, colsum, scale = self.views(buf, y, stream)
+        if not self.has_bias:
             bias, colsum, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
         wt = weight.t()
         ii = self.ignore_index

@@ -217,12 +217,7 @@ class CublasInPlaceLaunch(CublasCall):
         N, C, B = self.N, self.C, self.block
         f32_sum = h.dtype != torch.float32
         grad_h, buf, loss, t = self.buffers(h, (min(B, C), N), torch.float32)
-        rows_loss = buf[:N]
-        lse = buf[self.o_lse:self.o_part]
-        part = buf[self.o_part:self.o_scale]
-        scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
-        if self.scale_launch is not None:
-            self.scale_launch(stream, y, N, self.ignore_index, scale)
+        rows_loss, lse, part, scale = self.views(buf, y, stream)
         if not self.has_bias:
             bias, grad_bias = t, lse  # unused pointers (HAS_BIAS=False)
         rest = C - t.shape[0]

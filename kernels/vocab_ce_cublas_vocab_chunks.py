@@ -191,12 +191,7 @@ class CublasVocabLaunch(CublasCall):
         # the same values, which are exact)
         f32_sum = h.dtype != torch.float32
         grad_h, buf, loss, z = self.buffers(h, N * self.chunk, torch.float32)
-        rows_loss = buf[:N]
-        lse = buf[self.o_lse:self.o_part]
-        part = buf[self.o_part:self.o_scale]
-        scale = buf[self.o_scale:] if self.mean else rows_loss  # (sum: an unused pointer)
-        if self.scale_launch is not None:
-            self.scale_launch(stream, y, N, self.ignore_index, scale)
+        rows_loss, lse, part, scale = self.views(buf, y, stream)
         if not self.has_bias:
             bias, part, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
         ii, S, rp = self.ignore_index, self.splits, self.rows_per
