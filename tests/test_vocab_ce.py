@@ -299,7 +299,7 @@ def test_cublas_vocab_is_bitwise_reproducible(path, chunk, device):
         assert torch.equal(x, z)
 
 
-@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks"])
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "cublas_in_place"])
 @pytest.mark.parametrize("what,match", [("fp16", "takes bf16 or fp32 h"), ("weight", "needs weight in h's dtype"),
                                         ("bias", "needs bias in h's dtype"), ("precision", "fp32_precision does not apply")])
 def test_cublas_vocab_refuses_what_it_cannot_run(path, what, match, device):
@@ -318,7 +318,7 @@ def test_cublas_vocab_refuses_what_it_cannot_run(path, what, match, device):
     assert f"vocab_path={path!r}" in str(err.value)
 
 
-@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks"])
+@pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "cublas_in_place"])
 def test_cublas_launch_takes_h_and_target_in_their_own_shape(path, device):
     # A repeated CUDA call takes the fast path, which calls the prepared launch with h [B, T, D] and the
     # target [B, T] as the caller gave them (the Triton launches read only pointers; torch.mm needs [N, D]).
@@ -326,11 +326,12 @@ def test_cublas_launch_takes_h_and_target_in_their_own_shape(path, device):
     from erase_triton.kernels.plan import prepare_launch
 
     torch.manual_seed(0)
-    h = torch.randn(3, 50, 24, device=device)
-    w, b = torch.randn(1000, 24, device=device) * 0.2, torch.randn(1000, device=device) * 0.1
+    D = 160 if path == "cublas_in_place" else 24  # (in place: the 150 rows' logits fit in grad_W)
+    h = torch.randn(3, 50, D, device=device)
+    w, b = torch.randn(1000, D, device=device) * 0.2, torch.randn(1000, device=device) * 0.1
     y = torch.randint(0, 1000, (3, 50), device=device)
     gw, gb = torch.empty_like(w), torch.empty_like(b)
-    hl = prepare_launch(h.reshape(-1, 24), w, b, y.reshape(-1), "ce", "mean", -100,
+    hl = prepare_launch(h.reshape(-1, D), w, b, y.reshape(-1), "ce", "mean", -100,
                         LaunchConfig(vocab_path=path, chunk_size=64), gw, gb, False)
     loss, gh = hl(h, w, b, y, gw, gb)
     ref = fused_local_head(h, w, b, y, loss="ce", backend="torch")
