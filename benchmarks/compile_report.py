@@ -47,10 +47,10 @@ def plan_constexprs(loss, C, D, dtype, occupancy, deterministic, vocab_path=None
         hl = CublasVocabLaunch(4096, C, C, True, -100, False, False, True, torch.device("cpu"))
         return kplan._Plan(chunk_lse_kernel, vocab_path, dict(hl.constexprs, FIRST=False, LAST=True), LSE_WARPS)
     if vocab_path == "cublas_in_place" and loss == "ce" and C > kplan.SMALL_CE_MAX_C:  # its lse kernel
-        from erase_triton.kernels.vocab_ce_cublas_in_place import LSE_T_TILE, CublasInPlaceLaunch, lse_t_kernel
+        from erase_triton.kernels.vocab_ce_cublas_in_place import LSE_T_WARPS, CublasInPlaceLaunch, lse_t_kernel
         hl = CublasInPlaceLaunch(min(D, 4096), C, D, kplan.CUBLAS_IN_PLACE_BLOCK, True, -100, False, True,
                                  torch.device("cpu"))
-        return kplan._Plan(lse_t_kernel, vocab_path, hl.constexprs, LSE_T_TILE[2])
+        return kplan._Plan(lse_t_kernel, vocab_path, hl.constexprs, LSE_T_WARPS)
     precision = "tf32" if dtype == "fp32" else "ieee"
     plan = kplan.plan_for(loss, "mean", C, D, tdt, True, False, cfg, True, False, precision, deterministic)
     return plan

@@ -95,7 +95,7 @@ class LaunchConfig:
                     1024 rows, up to 3/8 of grad_W's bytes, and "cublas_vocab_chunks" classes in 512s
                     up to 7/8 of grad_W's bytes; for the last two the last chunk is the rest
                     (`kernels.plan.chunk_size_for`). "cublas_in_place": classes a block (the scratch's
-                    rows), None: 4096.
+                    rows), None: 2048.
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
                     float atomics instead (no barrier, no reduction phase) where the weight

@@ -243,7 +243,7 @@ CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
 # (4096, 512, 32000): 24 MiB, 65 MB a call in all where cuBLAS ran before; not tuned)
 CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
 # vocab_path="cublas_in_place": classes a block of grad_W (the [block, N] scratch's rows; not tuned)
-CUBLAS_IN_PLACE_BLOCK = 4096
+CUBLAS_IN_PLACE_BLOCK = 2048
 
 
 def chunk_size_for(path: str, N: int, C: int, D: int, h_size: int, w_size: int, tile: int, cfg: LaunchConfig,

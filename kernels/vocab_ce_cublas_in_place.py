@@ -41,18 +41,20 @@ from .vocab_ce_cublas_vocab_chunks import _sum_mm
 
 __all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel", "merge_kernel"]
 
-# lse_t_kernel's and dz_t_kernel's tiles (classes x rows, warps; the rows are contiguous): dz_t_kernel's as
-# vocab_ce_cublas.py's 64 x 128 dz tile transposed (sm_90a: both 255 registers, 100-120 B spilled);
-# lse_t_kernel's 64 x 64 at 8 warps takes 96 registers (167 at 4, 197 for 64 x 128). lse_t_kernel's
-# programs (its splits of the classes make about two a SM on an H100 or H200); merge_kernel's rows a
-# program. Not tuned on a GPU
-LSE_T_TILE, LSE_T_PROGRAMS, DZ_T_TILE, MERGE_BLOCK = (64, 64, 8), 264, (64, 128, 8), 1024
+# lse_t_kernel's tile: up to LSE_T_ROWS rows (contiguous) by LSE_T_ELEMS / rows classes (8 to 64), 8 warps: at
+# (4096, 4096, 128256) bf16 on an H100, 8 x 2048 read the logits in 0.35 ms, 64 x 64 in 1.89 ms (short runs
+# of a row: 128 B) and row_lse_kernel's row-major read took 0.43; its programs: the splits of the classes
+# make about two a SM on an H100 or H200. dz_t_kernel's tile (classes, rows, warps) is vocab_ce_cublas.py's
+# 64 x 128 dz tile transposed: 0.73 ms there, as that kernel's 0.74. merge_kernel's rows a program
+LSE_T_ROWS, LSE_T_ELEMS, LSE_T_WARPS, LSE_T_PROGRAMS = 2048, 16384, 8, 264
+DZ_T_TILE, MERGE_BLOCK = (64, 128, 8), 1024
 
 
 @triton.jit
 def _block_ptr(t_ptr, g_ptr, c, B, N):
-    # where class c's row of z^T starts: T's row c below B, else grad_W's memory at row c - B (offsets in int64)
-    n = N.to(tl.int64)
+    # where class c's row of z^T starts: T's row c below B, else grad_W's memory at row c - B (offsets in int64;
+    # N may be a plain int: Triton specializes N = 1)
+    n = tl.full([], 0, tl.int64) + N
     return tl.where(c < B, t_ptr + c * n, g_ptr + (c - B) * n)
 
 
@@ -179,7 +181,8 @@ class CublasInPlaceLaunch(CublasCall):
         self.N, self.C, self.D, self.mean, self.ignore_index, self.relu = N, C, D, mean, ignore_index, relu
         self.has_bias, self.poison = has_bias, poison
         cuda = example is not None
-        lc, ln, lw = LSE_T_TILE
+        ln = min(LSE_T_ROWS, triton.next_power_of_2(N))
+        lc, lw = min(64, max(8, LSE_T_ELEMS // ln)), LSE_T_WARPS
         dc, dn, dw = DZ_T_TILE
         cdiv = lambda a, b: -(-a // b)  # noqa: E731
         tile = max(lc, dc)  # (a tile of classes lies in T or in grad_W's memory)
