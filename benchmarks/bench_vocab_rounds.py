@@ -105,7 +105,8 @@ def main():
             fn, g = variants[name], graphs[name]
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             gms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") if g else float("nan")
-            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_ms(fn)))
+            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_ms(fn),
+                             peak_mb_cublas_warm=mb[name]))
         print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f} ({r['graphed_ms']:.2f} graphed)"
                                            for r in rows[-len(names):]), flush=True)
     meta = metadata()
