@@ -23,8 +23,8 @@ dz[:, block k]^T h, which reads only z^T's block k. So:
 
 What it buys: grad_W is written once, by one GEMM a block (no read-modify-write, one rounding, like eager
 PyTorch's), every row in one chunk, and the call allocates only T (B x N), grad_h and an fp32 grad_h: at
-(4096, 4096, 128256) 32 + 32 + 64 MiB besides grad_W (`cublas`: a 501 MiB scratch of 1536 rows). Not yet
-run on a GPU. What it takes: N <= D (the logits
+(4096, 4096, 128256) 16 + 32 + 64 MiB besides grad_W (`cublas`: a 501 MiB scratch of 1536 rows); H100
+figures in docs/tuning.md#vocabulary-ce-paths. What it takes: N <= D (the logits
 fit in grad_W) and a grad_W it writes, not one it adds to (accumulate refused: an existing .grad holds
 values); the rest as vocab_ce_cublas.py's (bf16 or fp32, the whole device, logits rounded to h's dtype,
 capturable, deterministic). Reference: `erase_triton.reference.local_head`; tests: tests/test_vocab_ce.py.
