@@ -242,7 +242,8 @@ CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
 # vocab_path="cublas_vocab_chunks": classes a chunk in 512s, a scratch of up to 7/8 of grad_W's bytes (N x 3072 at
 # (4096, 512, 32000): 24 MiB, 65 MB a call in all where cuBLAS ran before; not tuned)
 CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
-# vocab_path="cublas_in_place": classes a block of grad_W (the [block, N] scratch's rows; not tuned)
+# vocab_path="cublas_in_place": classes a block of grad_W (the [block, N] scratch's rows): at (4096, 4096, 128256)
+# 2048 took 19.0 ms of kernel time against 4096's 19.4 (H100, one probe; docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_IN_PLACE_BLOCK = 2048
 
 
