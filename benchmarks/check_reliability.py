@@ -22,7 +22,7 @@ import math
 import torch
 
 from erase_triton import LaunchConfig, Scheduler, fused_local_head
-from erase_triton.kernels.launch import VOCAB_PATHS
+from erase_triton.kernels.launch import CUBLAS_PATHS, VOCAB_PATHS
 from erase_triton.bench import ctr_workload, metadata, print_table, transformer_workload, write_csv
 from erase_triton.train import training_step
 
@@ -67,7 +67,7 @@ def heads(paths=None):
                 y = (torch.randint(0, C, (N,), generator=g) if loss == "ce" else torch.rand(N, C, generator=g)).to(dev)
                 cfg = LaunchConfig(occupancy=occ, deterministic=det, vocab_path=path, chunk_size=256 if path else None)
                 # the cublas paths: also without a bias ("cublas": its other softmax form, the row held, read once)
-                for bias in (b, None) if (path or "").startswith("cublas") else (b,):
+                for bias in (b, None) if path in CUBLAS_PATHS else (b,):
                     r = fused_local_head(h, w, bias, y, loss=loss, config=cfg)
                     torch.cuda.synchronize()
                     ok = all(torch.isfinite(t).all().item() for t in r if t is not None)

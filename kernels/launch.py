@@ -16,7 +16,8 @@ import triton
 __all__ = ["LaunchConfig", "check_occupancy", "device_limits", "interpreting", "num_programs"]
 
 _FP32_PRECISIONS = ("ieee", "tf32")
-VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks", "cublas", "cublas_vocab_chunks", "cublas_in_place")
+CUBLAS_PATHS = ("cublas", "cublas_vocab_chunks", "cublas_in_place")  # cuBLAS GEMMs around Triton kernels
+VOCAB_PATHS = ("recompute", "vocab_chunks", "row_chunks") + CUBLAS_PATHS
 
 
 def check_occupancy(occupancy, allow_auto: bool = False):

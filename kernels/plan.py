@@ -14,7 +14,7 @@ import torch
 
 from .common import N_CTR as _N_CTR
 from .dense_head import dense_head_kernel
-from .launch import LaunchConfig, interpreting, next_pow2, num_programs
+from .launch import CUBLAS_PATHS, LaunchConfig, interpreting, next_pow2, num_programs
 from .small_ce import small_ce_kernel
 from .vocab_ce import vocab_ce_kernel
 from .direct import direct_launcher
@@ -305,7 +305,7 @@ def plan_for(loss, reduction, C, D, h_dtype, has_bias, accumulate, cfg, cuda, do
     if kind == "vocab":
         kind = cfg.vocab_path or default_vocab_path(D)
         kind = "vocab" if kind == "recompute" else kind
-        if kind.startswith("cublas"):
+        if kind in CUBLAS_PATHS:
             raise ValueError(f"vocab_path={kind!r} is not one Triton kernel: prepare_launch builds its launch")
     if kind == "dense":
         blk = _dense_blocks(D, C, cfg, cuda, deterministic, h_dtype.itemsize)
@@ -421,7 +421,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
         if cfg.vocab_path is None:
             dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
             cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
-        if cfg.vocab_path in ("cublas", "cublas_vocab_chunks", "cublas_in_place"):
+        if cfg.vocab_path in CUBLAS_PATHS:
             check_cublas_inputs(h2, weight, bias, cfg)
             mean, example = reduction == "mean", (h2.dtype, bias, y, grad_bias) if cuda else None
             if cfg.vocab_path == "cublas_in_place":

@@ -203,7 +203,7 @@ def mean_scale_kernel(y_ptr, N, ignore_index, scale_ptr, BLOCK: tl.constexpr):
 
 
 def check_cublas_inputs(h, weight, bias, cfg) -> None:
-    """The inputs the cublas paths ("cublas", "cublas_vocab_chunks") take; ValueError naming what to change
+    """The inputs the cublas paths (launch.CUBLAS_PATHS) take; ValueError naming what to change
     otherwise."""
     path = cfg.vocab_path or "cublas"
     if h.dtype not in (torch.bfloat16, torch.float32):
