@@ -216,19 +216,23 @@ _TRITON_ONLY_FIELDS = ("block_n", "block_d", "num_warps", "num_stages", "group_t
                        "max_registers", "fp32_precision")
 
 
-def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool) -> str:
+def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool, N: int | None = None,
+                   accumulate: bool = True) -> str:
     """The vocabulary CE path of a launch: cfg.vocab_path where set; else "cublas" on CUDA where every
     one of `dtypes` (h, weight, bias: None where absent) is bf16, at full occupancy
     (2.1x and 1.9x the Triton paths' speed at D = 512 and 4096 on an H200, docs/tuning.md#vocabulary-ce-paths),
     unless a Triton-only field is set or torch's deterministic mode would refuse cuBLAS (no
-    CUBLAS_WORKSPACE_CONFIG); else `default_vocab_path(D)`."""
+    CUBLAS_WORKSPACE_CONFIG); of those, "cublas_in_place" where its inputs allow it (N rows at most D, no
+    existing gradient to add to: `accumulate` False, no cfg.chunk_size); else `default_vocab_path(D)`."""
     if cfg.vocab_path:
         return cfg.vocab_path
     if (cuda and all(d in (None, torch.bfloat16) for d in dtypes) and dtypes[0] is not None
             and cfg.occupancy in (None, 1.0) and all(getattr(cfg, f) is None for f in _TRITON_ONLY_FIELDS)
             and not (torch.are_deterministic_algorithms_enabled()
                      and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"))):
-        return "cublas"
+        # in place: less memory, every output rounded once, and no slower (docs/tuning.md#vocabulary-ce-paths)
+        in_place = N is not None and N <= D and not accumulate and cfg.chunk_size is None
+        return "cublas_in_place" if in_place else "cublas"
     return default_vocab_path(D)
 
 
@@ -420,7 +424,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
     if loss == "ce" and C > SMALL_CE_MAX_C:  # a vocabulary head: the rule's path, by name from here
         if cfg.vocab_path is None:
             dtypes = (h2.dtype, weight.dtype, bias.dtype if bias is not None else None)
-            cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda))
+            cfg = dataclasses.replace(cfg, vocab_path=vocab_path_for(cfg, D, dtypes, cuda, N, accumulate))
         if cfg.vocab_path in CUBLAS_PATHS:
             check_cublas_inputs(h2, weight, bias, cfg)
             mean, example = reduction == "mean", (h2.dtype, bias, y, grad_bias) if cuda else None

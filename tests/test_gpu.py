@@ -471,6 +471,26 @@ def test_cublas_in_place_path_at_scale(N, D, C, dtype, block, activation):
     assert {p.kind for p in klh._PLANS.values()} == {"cublas_in_place"}
 
 
+def test_vocab_rule_takes_in_place_where_it_can():
+    # bf16 at full occupancy, N <= D: the first call (no .grad) in place, the second (adding to .grad) "cublas";
+    # the sum of the two calls' gradients as eager's in fp32 (bf16 inputs, so to bf16's rounding)
+    torch.manual_seed(0)
+    N, D, C = 256, 512, 5000
+    head = LocalHead(D, C, loss="ce", device=dev, dtype=torch.bfloat16)
+    ref = copy.deepcopy(head).float()
+    hs = [torch.randn(N, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
+    ys = [torch.randint(0, C, (N,), device=dev) for _ in range(2)]
+    kinds = []
+    for h, y in zip(hs, ys):
+        klh._PLANS.clear()
+        head(h, y)
+        kinds.append({p.kind for p in klh._PLANS.values()})
+        F.cross_entropy(F.linear(h.detach().float(), ref.weight, ref.bias), y).backward()
+    assert kinds == [{"cublas_in_place"}, {"cublas"}]
+    torch.testing.assert_close(head.weight.grad.float(), ref.weight.grad, rtol=2e-2, atol=2e-4)
+    torch.testing.assert_close(head.bias.grad.float(), ref.bias.grad, rtol=2e-2, atol=2e-4)
+
+
 @pytest.mark.parametrize("path", ["cublas", "cublas_vocab_chunks", "row_chunks", "cublas_in_place"])
 def test_vocabulary_heads_capture_replay_equals_eager(path):
     # a transformer whose heads take a vocabulary path (1000 classes), fp32 so replay and eager agree to

@@ -84,6 +84,14 @@ def test_vocab_path_rule_takes_cublas_for_bf16_at_full_occupancy(monkeypatch):
     assert rule(base, 512, (bf, bf, bf), True) == rule(base, 4096, (bf, bf, None), True) == "cublas"
     assert rule(LaunchConfig(occupancy=1.0), 512, (bf, bf, bf), True) == "cublas"
     assert rule(LaunchConfig(deterministic=True, chunk_size=2048), 512, (bf, bf, bf), True) == "cublas"
+    # in place where it can be: at most D rows, no .grad to add to, no chunk size (rows, for "cublas")
+    assert rule(base, 512, (bf, bf, bf), True, N=512, accumulate=False) == "cublas_in_place"
+    assert rule(base, 512, (bf, bf, None), True, N=1, accumulate=False) == "cublas_in_place"
+    assert rule(base, 512, (bf, bf, bf), True, N=513, accumulate=False) == "cublas"
+    assert rule(base, 512, (bf, bf, bf), True, N=512, accumulate=True) == "cublas"
+    assert rule(LaunchConfig(chunk_size=256), 512, (bf, bf, bf), True, N=512, accumulate=False) == "cublas"
+    assert rule(base, 512, (bf, bf, bf), False, N=512, accumulate=False) == "vocab_chunks"
+    assert rule(LaunchConfig(vocab_path="cublas"), 512, (bf, bf, bf), True, N=8, accumulate=False) == "cublas"
     # otherwise the width rule's Triton path: on the CPU; other dtypes (autocast's fp32 weights, an
     # fp32 bias, fp16, fp32); a partial occupancy; a Triton-only tuning field
     for cfg, dtypes, cuda in ((base, (bf, bf, bf), False), (base, (bf, f32, f32), True), (base, (bf, bf, f32), True),
