@@ -63,8 +63,9 @@ class LaunchConfig:
     fp32_precision: dots on fp32 inputs: "ieee" (exact) or "tf32"; None follows
                     torch.backends.cuda.matmul.allow_tf32 at call time, like a Linear.
     vocab_path:     the vocabulary CE kernel (C > 512). None: "cublas" on CUDA for bf16 h, weight and bias
-                    at full occupancy with no Triton tile field set, else "vocab_chunks" below D = 2048,
-                    "row_chunks" from there (`kernels.plan.vocab_path_for`).
+                    at full occupancy with no Triton tile field set ("cublas_in_place" where it runs: N <= D,
+                    no existing .grad, no chunk_size), else "vocab_chunks" below D = 2048, "row_chunks"
+                    from there (`kernels.plan.vocab_path_for`).
                     "recompute" (vocab_ce.py): nothing of size N x C in memory; the logits are
                     recomputed once per D chunk of grad_h and of grad_W.
                     "vocab_chunks" (vocab_ce_vocab_chunks.py): four GEMM passes; dz goes through an

@@ -230,7 +230,7 @@ def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool, N: int 
             and cfg.occupancy in (None, 1.0) and all(getattr(cfg, f) is None for f in _TRITON_ONLY_FIELDS)
             and not (torch.are_deterministic_algorithms_enabled()
                      and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"))):
-        # in place: less memory, every output rounded once, and no slower (docs/tuning.md#vocabulary-ce-paths)
+        # in place: 3% faster in 22% less memory at (4096, 4096, 128256) on an H100, outputs rounded once (tuning.md)
         in_place = N is not None and N <= D and not accumulate and cfg.chunk_size is None
         return "cublas_in_place" if in_place else "cublas"
     return default_vocab_path(D)

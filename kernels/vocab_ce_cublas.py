@@ -1,5 +1,5 @@
 """The cuBLAS vocabulary CE path: "ce" with C > 512 as three cuBLAS GEMMs and two Triton kernels a chunk of rows;
-the default for bf16 at full occupancy (`plan.vocab_path_for`).
+the default for bf16 at full occupancy where "cublas_in_place" does not run (`plan.vocab_path_for`).
 
 The Triton paths (vocab_ce_vocab_chunks.py, vocab_ce_row_chunks.py) run their GEMM passes at 320-440
 TFLOP/s, against about 600-750 for cuBLAS (docs/tuning.md#vocabulary-ce-paths). This path hands the GEMMs
