@@ -231,9 +231,22 @@ def vocab_path_for(cfg: LaunchConfig, D: int, dtypes: tuple, cuda: bool, N: int 
             and not (torch.are_deterministic_algorithms_enabled()
                      and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"))):
         # in place: 3% faster in 22% less memory at (4096, 4096, 128256) on an H100, outputs rounded once (tuning.md)
-        in_place = N is not None and N <= D and not accumulate and cfg.chunk_size is None
+        in_place = N is not None and in_place_refusal(N, D, accumulate) is None and cfg.chunk_size is None
         return "cublas_in_place" if in_place else "cublas"
     return default_vocab_path(D)
+
+
+def in_place_refusal(N: int, D: int, accumulate: bool) -> str | None:
+    """Why vocab_path="cublas_in_place" cannot take a call (a message naming the fix), or None where it can:
+    the rule's test and prepare_launch's refusal, from one place."""
+    if N > D:
+        return (f"vocab_path='cublas_in_place' holds the N x C logits in grad_W's C x D memory, so it takes at "
+                f"most D = {D} rows, got N = {N}; use vocab_path='cublas'")
+    if accumulate:
+        return ("vocab_path='cublas_in_place' writes the logits into grad_W's memory, so it cannot add to an "
+                "existing gradient (accumulate=True: the weight's .grad is set); zero_grad(set_to_none=True) "
+                "first, or use vocab_path='cublas'")
+    return None
 
 
 _L_ITEMS_PER_PROGRAM = 8  # vocab_chunks' stage L: a tail of at most ~1/8 of the stage
@@ -429,13 +442,9 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
             check_cublas_inputs(h2, weight, bias, cfg)
             mean, example = reduction == "mean", (h2.dtype, bias, y, grad_bias) if cuda else None
             if cfg.vocab_path == "cublas_in_place":
-                if N > D:
-                    raise ValueError(f"vocab_path='cublas_in_place' holds the N x C logits in grad_W's C x D memory, "
-                                     f"so it takes at most D = {D} rows, got N = {N}; use vocab_path='cublas'")
-                if accumulate:
-                    raise ValueError("vocab_path='cublas_in_place' writes the logits into grad_W's memory, so it "
-                                     "cannot add to an existing gradient (accumulate=True: the weight's .grad is "
-                                     "set); zero_grad(set_to_none=True) first, or use vocab_path='cublas'")
+                refusal = in_place_refusal(N, D, accumulate)
+                if refusal:
+                    raise ValueError(refusal)
                 hl = CublasInPlaceLaunch(N, C, D, cfg.chunk_size or CUBLAS_IN_PLACE_BLOCK, mean, ignore_index, relu,
                                          bias is not None, dev, POISON, example=example)
             elif cfg.vocab_path == "cublas":
