@@ -6,7 +6,9 @@
 # Installs the project (no network needed) and leaves logs and CSVs (GPU name, versions, commit,
 # command in each .meta.json) in RESULTS_DIR. Per-part time limits: T_<PART> (seconds). Extra
 # arguments: SCHED_ARGS, BENCH_ARGS, HEAD_ARGS, VOCAB_ARGS, ROUNDS_ARGS, SWEEP_ARGS, TRACE_ARGS, COMPILE_ARGS; TESTS_K and
-# KTESTS_K select tests (pytest -k). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# KTESTS_K select tests (pytest -k); KTESTS_FROM=N resumes ktests after its first N selected cases
+# (benchmarks/pytest_skip_first.py: the whole selection takes longer than one 10-minute device call).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 RES=${1:-runs/gpu}; shift || true
 PARTS=${*:-tests ktests sanitizer soak dp}
@@ -24,10 +26,11 @@ for p in $PARTS; do
     # tests: tests/test_gpu.py; ktests: the interpreter suite's kernel cases, compiled for the GPU
     tests)     timeout ${T_TESTS:-540} python3 -P -m pytest -q -p no:cacheprovider -rf tests/test_gpu.py \
                  ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$RES/gpu_tests.txt" | tail -30 ;;
-    ktests)    timeout ${T_KTESTS:-540} python3 -P -m pytest -q -p no:cacheprovider -rf tests/test_local_head.py \
+    ktests)    PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout ${T_KTESTS:-540} python3 -P -m pytest -q \
+                 -p no:cacheprovider -p pytest_skip_first -rf tests/test_local_head.py \
                  tests/test_dense_head.py tests/test_small_ce.py tests/test_vocab_ce.py tests/test_properties.py \
                  -k "${KTESTS_K:-(gpu or N781 or sum_reduction or deterministic or narrow or atomic or small_ce or relu or act_out or wide_rows or two_pass or out_of_range or mixed or vocab or properties or matches_float64) and not planted and not stopped}" \
-                 2>&1 | tee "$RES/gpu_kernel_tests.txt" | tail -30 ;;
+                 2>&1 | tee "$RES/gpu_kernel_tests${KTESTS_FROM:+_from$KTESTS_FROM}.txt" | tail -30 ;;
     # sanitizer: memcheck, racecheck and synccheck over erase steps and every head kernel
     sanitizer) for tool in memcheck racecheck synccheck; do for what in steps heads; do
                  # cuDNN's flash-attention backward is what synccheck flags in the steps (docs/results.md)

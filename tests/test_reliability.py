@@ -1,7 +1,10 @@
 """Bad input as a new user gives it: every case a clear error naming the argument (library), one
 `error:` line and exit status 2 (CLI), or a file:line message (data). Plus the documented NaN and
-accuracy behaviour at the edges."""
+accuracy behaviour at the edges, and the GPU runner's resume of a test run cut short."""
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -256,3 +259,16 @@ def test_launch_config_occupancy_type():
     for bad in ("0.5", True, [0.5], 0, 1.5):
         with pytest.raises(ValueError, match="occupancy must be a number"):
             et.LaunchConfig(occupancy=bad)
+
+
+def test_ktests_resume_drops_the_first_selected_cases(tmp_path):
+    # run_gpu_checks.sh's KTESTS_FROM: a second device call picks up after the cases the first one ran
+    (tmp_path / "test_cases.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(6)))
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    env = dict(os.environ, PYTHONPATH=bench, KTESTS_FROM="2")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "pytest_skip_first",
+                          "-k", "not test_1", "-v", str(tmp_path / "test_cases.py")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ran = re.findall(r"::(test_\d) PASSED", out.stdout)
+    assert ran == ["test_3", "test_4", "test_5"], out.stdout  # test_0 and test_2: the first two selected
