@@ -9,7 +9,8 @@ differ; every round times each variant once, in a rotated order, so the variants
 round gives do_bench's median (ms) of calls issued one after another, the replay of one call captured in a
 CUDA graph (graphed_ms: what a captured step pays, the host's issue cost gone; NaN where capture fails) and
 the kernel time of one call (torch profiler over three calls: graphed_ms less the gaps between kernels).
---chunks: `cublas` at those chunk sizes (rows); --paths: other vocabulary paths at their own chunk rule.
+--chunks: `cublas` at those chunk sizes (rows); --paths: other vocabulary paths at their own chunk rule
+(cublas_vocab_chunks on Hopper twice: with its Gluon pass 1, the default there, and with its cuBLAS one).
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
 peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
 estimate: a ratio within one round cancels drift slower than the round), issued and graphed.
@@ -29,6 +30,7 @@ from bench_local_head import make, ours_fn, torch_fn  # noqa: E402
 
 from erase_triton import LaunchConfig  # noqa: E402
 from erase_triton.bench import metadata, peak_mb, print_table, write_csv  # noqa: E402
+from erase_triton.kernels import plan as kplan, vocab_ce_lse_gemm as lse_gemm  # noqa: E402
 from erase_triton.kernels.launch import VOCAB_PATHS  # noqa: E402
 from erase_triton.reference import head_loss  # noqa: E402
 
@@ -59,6 +61,19 @@ def graphed(fn):
         print(f"# not capturable: {repr(ex)[:160]}", flush=True)
         return None
     return g
+
+
+def without_lse_gemm(fn):
+    """fn with cublas_vocab_chunks' Gluon pass 1 off when its call is prepared (kernels/vocab_ce_lse_gemm.py):
+    the cuBLAS GEMM and chunk_lse_kernel a chunk instead. (A chunk_size of its own keeps its prepared call apart
+    from the default's.)"""
+    def run():
+        lse_gemm.ENABLED = False
+        try:
+            return fn()
+        finally:
+            lse_gemm.ENABLED = True
+    return run
 
 
 def main():
@@ -93,6 +108,11 @@ def main():
         variants[f"ours chunk_size={cs}"] = ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path="cublas", chunk_size=cs))
     for p in paths:
         variants[f"ours-{p}"] = ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p))
+        if p == "cublas_vocab_chunks" and lse_gemm.usable(h.device, h.dtype, D):  # Hopper: also its cuBLAS pass 1
+            chunk = kplan.chunk_size_for(p, N, C, D, 2, 2, kplan.CUBLAS_COLUMN_TILE, LaunchConfig(),
+                                         share=kplan.CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+            variants[f"ours-{p} cuBLAS pass 1"] = without_lse_gemm(
+                ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p, chunk_size=chunk)))
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
         fn()

@@ -2,6 +2,7 @@
 
     python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
     python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path row_chunks [--ptx k.ptx]
+    python benchmarks/compile_report.py --D 512 --lse-gemm   (cublas_vocab_chunks' Gluon pass 1 on Hopper)
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
@@ -83,19 +84,46 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
     ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, **opts))
+    return dict(kernel=fn.__name__, num_warps=warps, **_ptxas(ck, arch, ptx), shared=ck.metadata.shared, **opts,
+                mma_versions=_mma_versions(ck), async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k == "NUM_STAGES"})
+
+
+def _ptxas(ck, arch: int, ptx: str | None) -> dict:
+    # the bundled ptxas -v on a compiled kernel's PTX: its registers and spill stores
     with tempfile.TemporaryDirectory() as d:
         p = ptx or os.path.join(d, "k.ptx")
         with open(p, "w") as f:
             f.write(ck.asm["ptx"])
         r = subprocess.run([get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", p, "-o", os.path.join(d, "k.o")],
                            capture_output=True, text=True)
-    log = r.stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores", log)
-    mma = sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))
-    return dict(kernel=fn.__name__, num_warps=warps, regs=int(regs.group(1)) if regs else None,
-                spill_bytes=int(spill.group(1)) if spill else None, shared=ck.metadata.shared, **opts,
-                mma_versions=",".join(mma) or "-", async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k == "NUM_STAGES"})
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None)
+
+
+def _mma_versions(ck) -> str:
+    return ",".join(sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))) or "-"
+
+
+def lse_gemm_report(D: int, dtype: str, arch: int = 90, ptx: str | None = None) -> dict:
+    """cublas_vocab_chunks' Gluon pass-1 kernel (kernels/vocab_ce_lse_gemm.py) as the library launches it."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from erase_triton.kernels import vocab_ce_lse_gemm as lg
+    BM, BN, BK = lg.TILE
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    desc = lambda rows: (f"tensordesc<{dtype}[{rows}, {BK}],"  # noqa: E731
+                         f"{gl.NVMMASharedLayout.get_default_for([rows, BK], gdt)!r}>")
+    sig = {"x_desc": desc(BM), "w_desc": desc(BN), "b_ptr": "*" + dtype, "y_ptr": "*i64", "part_ptr": "*fp32",
+           "zt_ptr": "*fp32", "N": "i32", "C": "i32", "tiles_per": "i32", "HAS_BIAS": "constexpr",
+           "KS": "constexpr", "NB": "constexpr", "num_warps": "constexpr"}
+    cx = dict(HAS_BIAS=True, KS=-(-D // BK), NB=lg.STAGES, num_warps=lg.WARPS)
+    ck = triton_compile(GluonASTSource(fn=lg.lse_gemm_kernel, signature=sig, constexprs=cx),
+                        target=GPUTarget("cuda", arch, 32), options=dict(num_warps=lg.WARPS))
+    return dict(kernel="lse_gemm_kernel", num_warps=lg.WARPS, **_ptxas(ck, arch, ptx), shared=ck.metadata.shared,
+                mma_versions=_mma_versions(ck), wgmma=ck.asm["ptx"].count("wgmma.mma_async"),
+                tma_loads=ck.asm["ptx"].count("cp.async.bulk.tensor"), BLOCK=f"{BM}x{BN}x{BK}", NB=lg.STAGES)
 
 
 def main():
@@ -112,7 +140,13 @@ def main():
     ap.add_argument("--set", nargs="*", default=[],
                     help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")
+    ap.add_argument("--lse-gemm", action="store_true",
+                    help="report cublas_vocab_chunks' Gluon lse kernel (16-bit --dtype, --D) instead")
     args = ap.parse_args()
+    if args.lse_gemm:
+        r = lse_gemm_report(args.D, args.dtype, ptx=args.ptx)
+        print(" ".join(f"{k}={v}" for k, v in r.items()))
+        return 0
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
     ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)

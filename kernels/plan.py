@@ -456,7 +456,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                 chunk = chunk_size_for("cublas_vocab_chunks", N, C, D, h2.element_size(), weight.element_size(),
                                        CUBLAS_COLUMN_TILE, cfg, share=CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
                 hl = CublasVocabLaunch(N, C, chunk, mean, ignore_index, relu, accumulate, bias is not None, dev,
-                                       POISON, cfg.block_v, example=example)
+                                       POISON, cfg.block_v, example=example, D=D)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)
             _PLANS.setdefault((cfg.vocab_path, reduction, C, D, h2.dtype, bias is not None, accumulate, cfg, cuda,
                                relu), _Plan(hl.kernel, cfg.vocab_path, hl.constexprs, hl.num_warps))

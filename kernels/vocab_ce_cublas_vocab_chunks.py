@@ -9,7 +9,9 @@ written once (each chunk owns its rows of them), and only grad_h (N x D) added t
 narrow h (small D) the extra GEMM is cheap and the scratch is the largest thing a call allocates.
 
   mean_scale_kernel                    1 / the rows not ignored (a mean)
-  pass 1, chunk k of classes [v0, v1):
+  pass 1 on Hopper (compute capability 9.x, 16-bit h): vocab_ce_lse_gemm.py's Gluon kernel, the logits GEMM with
+    the rows' max and sum in its epilogue over every class, and its merge (two launches, no logits written;
+    pass 2 then computes every chunk's logits); elsewhere, chunk k of classes [v0, v1):
     z_k = relu?(h) W[v0:v1]^T          cuBLAS, into the [N, chunk] scratch in h's dtype
     chunk_lse_kernel (a program a row): the chunk's base-2 max and sum of z_k + b merged into the row's running
                                        pair; the target's logit from the chunk that holds it; the last chunk
@@ -33,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import ce_rows, grad_scale
+from . import vocab_ce_lse_gemm
 from .vocab_ce_cublas import LN2, LSE_GROUP, LSE_WARPS, CublasCall, dz_rows, loss_total, row_max_sum
 
 __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_split_kernel"]
@@ -126,16 +129,18 @@ class CublasVocabLaunch(CublasCall):
 
     C classes in chunks of `chunk` (every N rows each). block: chunk_lse_kernel's columns a load
     (LaunchConfig.block_v); splits: dz_split_kernel's blocks of rows; dz_tile (rows, columns, warps), for tuning.
+    D: h's width, which decides (with the device and h's dtype) whether pass 1 is the Gluon kernel.
     example (CUDA): (h's dtype, bias, y, grad_bias) of the signature being prepared: the Triton kernels are
     compiled for them here and launched directly (kernels/direct.py); without it, `kernel[grid](...)`."""
 
     __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "index",
                  "scale_launch", "steps", "final_launch", "n_buf", "o_lse", "o_part", "o_scale", "loss_like",
-                 "first_cx", "splits", "rows_per", "__weakref__")
+                 "first_cx", "splits", "rows_per", "lse_gemm", "o_gl", "__weakref__")
 
     def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
                  has_bias: bool, device: torch.device, poison: bool = False, block: int | None = None,
-                 splits: int | None = None, dz_tile: tuple | None = None, example: tuple | None = None):
+                 splits: int | None = None, dz_tile: tuple | None = None, example: tuple | None = None,
+                 D: int | None = None):
         V = min(chunk, C)
         self.N, self.C, self.chunk, self.mean, self.ignore_index, self.relu = N, C, V, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
@@ -157,6 +162,12 @@ class CublasVocabLaunch(CublasCall):
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
         hdt, b_ex, y, gb_ex = ex or (None,) * 4
+        self.lse_gemm = None
+        if cuda and D is not None and vocab_ce_lse_gemm.usable(device, hdt, D):
+            # (its scratch after the scale: the splits' pairs, then the targets' logits)
+            self.lse_gemm = vocab_ce_lse_gemm.LseGemm(N, C, D, hdt, mean, ignore_index, has_bias, device, launch, y)
+            self.o_gl = pad(self.n_buf)
+            self.n_buf = self.o_gl + self.lse_gemm.n_part
         built, self.steps = {}, []
         for v0 in range(0, C, V):
             v1 = min(v0 + V, C)
@@ -203,12 +214,18 @@ class CublasVocabLaunch(CublasCall):
                 zs[n] = z[: N * n].view(N, n)
             wk = weight[v0:v1]
             views.append((wk, wk.t(), grad_weight[v0:v1], zs[n]))
-        for (v0, v1, lse_k, _), (_, wkt, _, zc) in zip(self.steps, views):
-            torch.mm(x, wkt, out=zc)
-            lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
+        fused = self.lse_gemm is not None and self.lse_gemm.takes(x, weight)
+        if fused:
+            o, Np = self.o_gl, self.lse_gemm.n_part
+            self.lse_gemm(stream, x, weight, bias, y, buf[o:o + Np - N], buf[o + Np - N:o + Np], scale, rows_loss,
+                          lse)
+        else:
+            for (v0, v1, lse_k, _), (_, wkt, _, zc) in zip(self.steps, views):
+                torch.mm(x, wkt, out=zc)
+                lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
         for i, ((v0, v1, _, dz_k), (wk, wkt, gwk, zc)) in enumerate(zip(reversed(self.steps), reversed(views))):
             n = v1 - v0
-            if i:  # (the last chunk's logits are still there)
+            if i or fused:  # (pass 1's last chunk of logits is still there)
                 torch.mm(x, wkt, out=zc)
             dz_k(stream, zc, bias, y, lse, part, v0, n, N, C, rp, n)
             if self.accumulate:

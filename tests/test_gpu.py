@@ -173,11 +173,41 @@ def test_cublas_vocab_path_at_scale(N, D, C, dtype, occupancy, chunk, activation
     (2048, 256, 131072, torch.bfloat16, None, "relu"),
     (3001, 130, 1000, torch.float32, 512, None),  # 512 + 488 classes, rows not a multiple of the dz blocks
     (4099, 1024, 50257, torch.bfloat16, 4096, "relu"),  # odd C: a last chunk of 1105 classes
+    (3001, 520, 5000, torch.bfloat16, 1024, None),  # Hopper's Gluon pass 1: a short row tile, a K step past D
 ])
 def test_cublas_vocab_chunks_path_at_scale(N, D, C, dtype, chunk, activation):
     klh._PLANS.clear()
     check_at_scale("ce", N, D, C, dtype, None, activation, vocab_path="cublas_vocab_chunks", chunk_size=chunk)
     assert {p.kind for p in klh._PLANS.values()} == {"cublas_vocab_chunks"}
+
+
+def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
+    # 16-bit h on compute capability 9.x: pass 1 is vocab_ce_lse_gemm's kernel (so the cases above run it),
+    # and its results are the cuBLAS pass's to rounding (its logits fp32, not rounded to bf16 first)
+    import erase_triton.functional as functional
+    from erase_triton.kernels import vocab_ce_lse_gemm as lg
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon pass is Hopper's")
+    calls = []
+    real = lg.LseGemm.__call__
+    monkeypatch.setattr(lg.LseGemm, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    g = torch.Generator(device=dev).manual_seed(0)
+    N, D, C = 1000, 256, 7000
+    h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
+    w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
+    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(torch.bfloat16)
+    y = torch.randint(0, C, (N,), device=dev, generator=g)
+    cfg = et.LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=2048)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(lg, "ENABLED", on)
+        functional._FAST.clear()
+        outs.append(fused_local_head(h, w, b, y, loss="ce", config=cfg))
+    assert len(calls) == 1
+    ref = reference.local_head(h.double(), w.double(), b.double(), y, loss="ce")
+    for name, a, c, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs, ref):
+        assert rel_err(a, r) <= 1.2 * rel_err(c, r) + 1e-6, name
+        assert rel_err(a, c) < 1e-2, name
 
 
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [

@@ -405,3 +405,49 @@ def test_cublas_in_place_is_reproducible_and_refuses_what_it_cannot_hold(device)
     head.configure(vocab_path="cublas_in_place")
     head(h.detach().requires_grad_(True), y)  # .grad None: the head's first gradient is written, not added
     assert head.weight.grad is not None and torch.isfinite(head.weight.grad).all()
+
+
+# cublas_vocab_chunks' Gluon pass 1 on Hopper (kernels/vocab_ce_lse_gemm.py). Gluon does not run in the
+# interpreter: its GEMM kernel is compiled for sm_90a here (and run by tests/test_gpu.py), its merge runs here.
+@pytest.mark.parametrize("mean", [True, False])
+def test_lse_merge_kernel_matches_torch(mean, device):
+    # 70 rows (two blocks, the second short) and 19 splits (two loads of 16) of per-split base-2 (max, sum)
+    # pairs; an ignored row, a bad id, the targets' logits where their split holds them
+    from erase_triton.kernels.vocab_ce_lse_gemm import MERGE_PARTS, MERGE_ROWS, lse_merge_kernel
+    torch.manual_seed(0)
+    N, C, S = 70, 1900, 19
+    z = torch.randn(N, C, device=device) * 3
+    y = torch.randint(0, C, (N,), device=device)
+    y[5], y[9] = -100, C + 3  # ignored; out of range (NaN loss and factor)
+    u = z.view(N, S, C // S) * 1.4426950408889634
+    m = u.amax(2)
+    s = torch.exp2(u - m[..., None]).sum(2)
+    part = torch.cat([m.t().reshape(-1), s.t().reshape(-1)])
+    zt = z.gather(1, y.clamp(0, C - 1)[:, None])[:, 0]
+    scale = torch.tensor([1 / 68.0], device=device)
+    rows_loss, lse = torch.empty(N, device=device), torch.empty(2 * N, device=device)
+    lse_merge_kernel[(triton.cdiv(N, MERGE_ROWS),)](part, S, y, zt, scale, rows_loss, lse, N, C, -100, MEAN=mean,
+                                                     BLOCK_R=MERGE_ROWS, BLOCK_P=MERGE_PARTS)
+    ref = torch.logsumexp(z.double(), 1)
+    ok = torch.ones(N, dtype=torch.bool, device=device)
+    ok[[5, 9]] = False
+    torch.testing.assert_close(lse[:N][ok].double(), ref[ok] * 1.4426950408889634, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(rows_loss[ok].double(), (ref - zt.double())[ok], rtol=1e-5, atol=1e-5)
+    assert rows_loss[5] == 0 and lse[N + 5] == 0  # an ignored row: no loss, no gradient
+    assert rows_loss[9].isnan() and lse[N + 9].isnan()
+    factor = lse[N:][ok]
+    assert torch.all(factor == (scale[0] if mean else 1.0))
+
+
+@pytest.mark.parametrize("D,dtype", [(512, "bf16"), (520, "bf16")])
+def test_lse_gemm_kernel_compiles_for_hopper_two_programs_an_sm(D, dtype):
+    # what its speed rests on (docs/tuning.md#vocabulary-ce-paths): wgmma, TMA loads, no spills, and shared
+    # memory and registers for two programs an SM (228 KB and 64K registers; 4 warps). D = 520: a last K
+    # step past D (TMA's zero fill)
+    from test_local_head import _compile_report
+    r = _compile_report("--D", str(D), "--dtype", dtype, "--lse-gemm")
+    assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
+    got = dict(kv.split("=", 1) for kv in r.stdout.split())
+    assert got["mma_versions"] == "3" and int(got["wgmma"]) > 0 and int(got["tma_loads"]) > 0
+    assert got["spill_bytes"] == "0"
+    assert 2 * int(got["shared"]) <= 228 * 1024 - 2 * 1024 and 2 * 128 * int(got["regs"]) <= 65536

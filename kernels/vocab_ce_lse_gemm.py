@@ -1,0 +1,203 @@
+"""The log-sum-exp pass of "cublas_vocab_chunks" as one Gluon kernel on Hopper: the logits GEMM with each row's
+running base-2 max and sum in its epilogue, so the logits are never written and the pass is one launch (and a
+merge) instead of a cuBLAS GEMM and a Triton kernel a chunk of classes.
+
+  lse_gemm_kernel (a row tile x a split of the vocabulary; about two programs an SM): z = x W^T (+ b) a
+      [128, 128] tile at a time in fp32 by asynchronous wgmma from TMA-loaded shared memory (three stages of
+      [128, 64] tiles of x and W, the next tile's first loads issued during this one's last K steps); each
+      row's running base-2 max and sum over the split's classes to part[split, row] and part[S + split, row],
+      and the target's logit to zt[row] from the tile that holds it
+  lse_merge_kernel (a block of rows): the splits' pairs merged in split order: each row's base-2 lse, gradient
+      factor and unscaled loss, where chunk_lse_kernel's last chunk leaves them
+
+Two programs an SM (98 KB of shared memory and 200 registers each) are what hide one tile's epilogue behind the
+other's wgmma: at four stages (one program an SM) the pass took 0.39 against 0.275 ms (H100, (4096, 512, 32000)
+bf16; docs/tuning.md#vocabulary-ce-paths). Deterministic: a fixed order everywhere. Taken where `usable` says:
+a CUDA device of compute capability 9.x (wgmma, TMA), bf16 x and W (the cublas paths' 16-bit dtype) with D a
+multiple of 8, and x, W 16-byte aligned with unit stride on D (else the cuBLAS pass runs). Gluon does not run in Triton's interpreter: on the CPU
+this module's kernel is only compiled (tests/test_vocab_ce.py), the merge runs there.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import ce_rows, grad_scale
+from .vocab_ce_cublas import LN2
+
+try:  # (Gluon: triton >= 3.5's experimental Hopper/Blackwell dialect)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - an older triton: the cuBLAS pass
+    gluon = None
+
+__all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "lse_merge_kernel", "usable"]
+
+# switch for A/B runs (read when a call is prepared); the tile (rows, classes, K), stages and warps; the merge's
+# rows and splits a load
+ENABLED = True
+TILE, STAGES, WARPS = (128, 128, 64), 3, 4
+MERGE_ROWS, MERGE_PARTS = 64, 16
+
+
+def usable(device: torch.device, dtype: torch.dtype, D: int) -> bool:
+    """Whether lse_gemm_kernel can serve a call of h's dtype and width D on `device`."""
+    return (ENABLED and gluon is not None and device.type == "cuda" and dtype == torch.bfloat16 and D % 8 == 0
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+if gluon is not None:
+    LOG2E = gl.constexpr(1.4426950408889634)
+
+    @gluon.jit
+    def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, zt_ptr, N, C, tiles_per,
+                        HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        dtype: gl.constexpr = x_desc.dtype
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 16])
+        row_l: gl.constexpr = gl.SliceLayout(1, mma)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma)
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+
+        r0 = gl.program_id(0) * BM
+        split = gl.program_id(1)
+        S = gl.num_programs(1)
+        vt0 = split * tiles_per
+        vt1 = gl.minimum(vt0 + tiles_per, gl.cdiv(C, BN))
+        n_tiles = vt1 - vt0
+        total = n_tiles * KS  # K steps over the split's tiles, loaded through NB stages in this order
+
+        a_bufs = gl.allocate_shared_memory(dtype, [NB] + x_desc.block_type.shape, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [NB] + w_desc.block_type.shape, w_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(NB):
+            mbarrier.init(bars.index(j), count=1)
+        for q in gl.static_range(NB - 1):
+            bq = bars.index(q)
+            mbarrier.expect(bq, nbytes, pred=q < total)
+            tma.async_copy_global_to_shared(x_desc, [r0, (q % KS) * BK], bq, a_bufs.index(q), q < total)
+            tma.async_copy_global_to_shared(w_desc, [(vt0 + q // KS) * BN, (q % KS) * BK], bq, b_bufs.index(q),
+                                            q < total)
+
+        rows = r0 + gl.arange(0, BM, layout=row_l)
+        mr = rows < N
+        t = gl.load(y_ptr + rows, mask=mr, other=-1).to(gl.int32)
+        m = gl.full([BM], float("-inf"), gl.float32, layout=row_l)
+        s = gl.zeros([BM], gl.float32, layout=row_l)
+        zt = gl.zeros([BM], gl.float32, layout=row_l)
+        acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+        for it in range(n_tiles):
+            for k in gl.static_range(KS):
+                c = it * KS + k
+                st = c % NB
+                mbarrier.wait(bars.index(st), (c // NB) & 1)
+                acc = warpgroup_mma(a_bufs.index(st), b_bufs.index(st).permute((1, 0)), acc, use_acc=k > 0,
+                                    is_async=True)
+                # the wgmma before this one is done: its stage takes step c + NB - 1
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                p = c + NB - 1
+                sp = p % NB
+                bar = bars.index(sp)
+                mbarrier.expect(bar, nbytes, pred=p < total)
+                tma.async_copy_global_to_shared(x_desc, [r0, (p % KS) * BK], bar, a_bufs.index(sp), p < total)
+                tma.async_copy_global_to_shared(w_desc, [(vt0 + p // KS) * BN, (p % KS) * BK], bar,
+                                                b_bufs.index(sp), p < total)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            cols = (vt0 + it) * BN + gl.arange(0, BN, layout=col_l)
+            mc = cols < C
+            z = acc
+            if HAS_BIAS:
+                z = z + gl.load(b_ptr + cols, mask=mc, other=0.0).to(gl.float32)[None, :]
+            zt += gl.sum(gl.where(cols[None, :] == t[:, None], z, 0.0), 1)
+            u = gl.where(mc[None, :], z * LOG2E, float("-inf"))
+            m_new = gl.maximum(m, gl.max(u, 1))  # (finite: every tile holds a class)
+            s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(u - m_new[:, None]), 1)
+            m = m_new
+        gl.store(part_ptr + split * N + rows, m, mask=mr)
+        gl.store(part_ptr + (S + split) * N + rows, s, mask=mr)
+        gl.store(zt_ptr + rows, zt, mask=mr & (t >= vt0 * BN) & (t < vt1 * BN) & (t < C))
+        for j in gl.static_range(NB):
+            mbarrier.invalidate(bars.index(j))
+else:  # pragma: no cover
+    lse_gemm_kernel = None
+
+
+@triton.jit
+def lse_merge_kernel(part_ptr, S, y_ptr, zt_ptr, scale_ptr, loss_ptr, lse_ptr, N, C, ignore_index,
+                     MEAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    # a block of rows: the S splits' (max, sum) pairs merged in split order; each row's base-2 lse to lse_ptr[r],
+    # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[N + r], its unscaled loss
+    # to loss_ptr[r] (what chunk_lse_kernel's last chunk leaves)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mr = rows < N
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for p0 in range(0, S, BLOCK_P):
+        o_p = p0 + tl.arange(0, BLOCK_P)
+        msk = (o_p < S)[:, None] & mr[None, :]
+        pm = tl.load(part_ptr + o_p[:, None] * N + rows[None, :], mask=msk, other=float("-inf"))
+        ps = tl.load(part_ptr + (S + o_p)[:, None] * N + rows[None, :], mask=msk, other=0.0)
+        m_new = tl.maximum(m, tl.max(pm, 0))
+        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # (a masked row: no -inf - -inf)
+        s = s * tl.exp2(m - ref) + tl.sum(ps * tl.exp2(pm - ref[None, :]), 0)
+        m = m_new
+    lse2 = m + tl.log2(tl.where(mr, s, 1.0))
+    t = tl.load(y_ptr + rows, mask=mr, other=ignore_index)
+    counts, bad = ce_rows(t, mr, ignore_index, C)
+    scale = 1.0
+    if MEAN:
+        scale = grad_scale(tl.load(scale_ptr))
+    zt = tl.load(zt_ptr + rows, mask=counts & (t >= 0) & (t < C), other=0.0)  # (written where a tile held t)
+    tl.store(loss_ptr + rows, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad, mask=mr)
+    tl.store(lse_ptr + rows, lse2, mask=mr)
+    tl.store(lse_ptr + N + rows, tl.where(counts, scale, 0.0) + bad, mask=mr)
+
+
+class LseGemm:
+    """The pass for one prepared call: `splits` (S, the pairs a row gets) and the fp32 scratch it needs
+    (`n_part`: 2 S N pairs, then N targets' logits); called as (stream, x, weight, bias or None, y, part, zt,
+    scale, rows_loss, lse). launch: CublasCall.setup's, for the merge."""
+
+    __slots__ = ("N", "C", "D", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
+
+    def __init__(self, N: int, C: int, D: int, dtype: torch.dtype, mean: bool, ignore_index: int, has_bias: bool,
+                 device: torch.device, launch, y_example):
+        BM, BN, BK = TILE
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        vt = -(-C // BN)
+        # about two programs an SM, in one wave (fewer splits left SMs idle, more ran a second wave: 0.41 and
+        # 0.285 against 0.275 ms at (4096, 512, 32000) on an H100)
+        self.tiles_per = max(1, -(-vt * -(-N // BM) // (2 * sms)))
+        self.splits = -(-vt // self.tiles_per)
+        self.N, self.C, self.D, self.has_bias, self.ignore_index = N, C, D, has_bias, ignore_index
+        self.layouts = (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16),
+                        gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
+        f32 = torch.float32
+        self.merge = launch(lse_merge_kernel, -(-N // MERGE_ROWS),
+                            dict(MEAN=mean, BLOCK_R=MERGE_ROWS, BLOCK_P=MERGE_PARTS, num_warps=4),
+                            lambda: (f32, self.splits, y_example, f32, f32, f32, f32, N, C, ignore_index))
+
+    @property
+    def n_part(self) -> int:
+        return 2 * self.splits * self.N + self.N
+
+    def takes(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether TMA can read these x [N, D] and W [C, D] (16-byte aligned rows, unit stride on D)."""
+        return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+                   for t in (x, weight))
+
+    def __call__(self, stream, x, weight, bias, y, part, zt, scale, rows_loss, lse):
+        BM, BN, BK = TILE
+        N, C, D = self.N, self.C, self.D
+        xd = TensorDescriptor(x, [N, D], [x.stride(0), 1], [BM, BK], self.layouts[0])
+        wd = TensorDescriptor(weight, [C, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
+        lse_gemm_kernel[(-(-N // BM), self.splits)](xd, wd, bias if self.has_bias else weight, y, part, zt, N, C,
+                                                    self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
+                                                    NB=STAGES, num_warps=WARPS)
+        self.merge(stream, part, self.splits, y, zt, scale, rows_loss, lse, N, C, self.ignore_index)
