@@ -2,17 +2,19 @@
 running base-2 max and sum in its epilogue, so the logits are never written and the pass is one launch (and a
 merge) instead of a cuBLAS GEMM and a Triton kernel a chunk of classes.
 
-  lse_gemm_kernel (a row tile x a split of the vocabulary; about two programs an SM): z = x W^T (+ b) a
-      [128, 128] tile at a time in fp32 by asynchronous wgmma from TMA-loaded shared memory (three stages of
-      [128, 64] tiles of x and W, the next tile's first loads issued during this one's last K steps); each
-      row's running base-2 max and sum over the split's classes to part[split, row] and part[S + split, row],
-      and the target's logit to zt[row] from the tile that holds it
+  lse_gemm_kernel (a row tile x a split of the vocabulary; a program an SM), warp-specialized: a TMA warp
+      loads [128, 64] tiles of x and W, and two consumer warpgroups take alternate [128, 128] tiles of the
+      split's logits, each through its own ring of three stages, by asynchronous wgmma in fp32, each row's
+      running base-2 max and sum in the epilogue: consumer c's to part[2 split + c, row] and
+      part[S + 2 split + c, row] (S pairs a row), and the target's logit to zt[row] from the tile that holds it
   lse_merge_kernel (a block of rows): the splits' pairs merged in split order: each row's base-2 lse, gradient
       factor and unscaled loss, where chunk_lse_kernel's last chunk leaves them
 
-Two programs an SM (98 KB of shared memory and 200 registers each) are what hide one tile's epilogue behind the
-other's wgmma: at four stages (one program an SM) the pass took 0.39 against 0.275 ms (H100, (4096, 512, 32000)
-bf16; docs/tuning.md#vocabulary-ce-paths). Deterministic: a fixed order everywhere. Taken where `usable` says:
+The two consumers are what hide one tile's epilogue (an exp2 an element) behind the other's wgmma: at
+(4096, 512, 32000) bf16 on an H100 the pass took 0.241 ms, against 0.275 for one warpgroup a program with two
+programs an SM and 0.39 with one, and cuBLAS' logits GEMM alone 0.22 (docs/tuning.md#vocabulary-ce-paths). Each
+consumer has its own ring because a shared one let a consumer's parity wait pass a phase that was not its
+own: it read a stage before its load landed. Deterministic: a fixed order everywhere. Taken where `usable` says:
 a CUDA device of compute capability 9.x (wgmma, TMA), bf16 x and W (the cublas paths' 16-bit dtype) with D a
 multiple of 8, and x, W 16-byte aligned with unit stride on D (else the cuBLAS pass runs). Gluon does not run in Triton's interpreter: on the CPU
 this module's kernel is only compiled (tests/test_vocab_ce.py), the merge runs there.
@@ -36,10 +38,12 @@ except ImportError:  # pragma: no cover - an older triton: the cuBLAS pass
 
 __all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "lse_merge_kernel", "usable"]
 
-# switch for A/B runs (read when a call is prepared); the tile (rows, classes, K), stages and warps; the merge's
-# rows and splits a load
+# switch for A/B runs (read when a call is prepared); the tile (rows, classes, K), stages a consumer, the default
+# partition's warps; ptxas' register cap (12 warps x 168 fill the SM's 64K) and what the worker partitions take
+# (the default partition gets the rest: 232); the merge's rows and splits a load
 ENABLED = True
 TILE, STAGES, WARPS = (128, 128, 64), 3, 4
+MAXNREG, CONSUMER_REGS, LOADER_REGS = 168, 232, 40
 MERGE_ROWS, MERGE_PARTS = 64, 16
 
 
@@ -51,40 +55,20 @@ def usable(device: torch.device, dtype: torch.dtype, D: int) -> bool:
 
 if gluon is not None:
     LOG2E = gl.constexpr(1.4426950408889634)
+    _REGS = gl.constexpr([CONSUMER_REGS, LOADER_REGS])
 
     @gluon.jit
-    def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, zt_ptr, N, C, tiles_per,
-                        HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
-        BM: gl.constexpr = x_desc.block_type.shape[0]
-        BK: gl.constexpr = x_desc.block_type.shape[1]
-        BN: gl.constexpr = w_desc.block_type.shape[0]
-        dtype: gl.constexpr = x_desc.dtype
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    def _consume(c: gl.constexpr, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split,
+                 S2, N, C, HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr):
+        # consumer warpgroup c: vocabulary tiles vt0 + c, vt0 + c + 2, ... from its own ring of NB stages (buffers
+        # and barriers c NB + [0, NB): it waits on every phase of them, so a parity wait never skips one); its rows'
+        # (max, sum) pairs as split 2 split + c of S2
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
         row_l: gl.constexpr = gl.SliceLayout(1, mma)
         col_l: gl.constexpr = gl.SliceLayout(0, mma)
-        nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
-
-        r0 = gl.program_id(0) * BM
-        split = gl.program_id(1)
-        S = gl.num_programs(1)
-        vt0 = split * tiles_per
-        vt1 = gl.minimum(vt0 + tiles_per, gl.cdiv(C, BN))
         n_tiles = vt1 - vt0
-        total = n_tiles * KS  # K steps over the split's tiles, loaded through NB stages in this order
-
-        a_bufs = gl.allocate_shared_memory(dtype, [NB] + x_desc.block_type.shape, x_desc.layout)
-        b_bufs = gl.allocate_shared_memory(dtype, [NB] + w_desc.block_type.shape, w_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(NB):
-            mbarrier.init(bars.index(j), count=1)
-        for q in gl.static_range(NB - 1):
-            bq = bars.index(q)
-            mbarrier.expect(bq, nbytes, pred=q < total)
-            tma.async_copy_global_to_shared(x_desc, [r0, (q % KS) * BK], bq, a_bufs.index(q), q < total)
-            tma.async_copy_global_to_shared(w_desc, [(vt0 + q // KS) * BN, (q % KS) * BK], bq, b_bufs.index(q),
-                                            q < total)
-
         rows = r0 + gl.arange(0, BM, layout=row_l)
         mr = rows < N
         t = gl.load(y_ptr + rows, mask=mr, other=-1).to(gl.int32)
@@ -92,24 +76,20 @@ if gluon is not None:
         s = gl.zeros([BM], gl.float32, layout=row_l)
         zt = gl.zeros([BM], gl.float32, layout=row_l)
         acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-        for it in range(n_tiles):
+        for j in range(c, n_tiles, 2):
             for k in gl.static_range(KS):
-                c = it * KS + k
-                st = c % NB
-                mbarrier.wait(bars.index(st), (c // NB) & 1)
+                q = (j // 2) * KS + k
+                st = c * NB + q % NB
+                mbarrier.wait(ready.index(st), (q // NB) & 1)
                 acc = warpgroup_mma(a_bufs.index(st), b_bufs.index(st).permute((1, 0)), acc, use_acc=k > 0,
                                     is_async=True)
-                # the wgmma before this one is done: its stage takes step c + NB - 1
+                # the wgmma before this one is done: its stage back to the loader
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                p = c + NB - 1
-                sp = p % NB
-                bar = bars.index(sp)
-                mbarrier.expect(bar, nbytes, pred=p < total)
-                tma.async_copy_global_to_shared(x_desc, [r0, (p % KS) * BK], bar, a_bufs.index(sp), p < total)
-                tma.async_copy_global_to_shared(w_desc, [(vt0 + p // KS) * BN, (p % KS) * BK], bar,
-                                                b_bufs.index(sp), p < total)
+                if k > 0:
+                    mbarrier.arrive(empty.index(c * NB + (q - 1) % NB), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            cols = (vt0 + it) * BN + gl.arange(0, BN, layout=col_l)
+            mbarrier.arrive(empty.index(c * NB + ((j // 2) * KS + KS - 1) % NB), count=1)
+            cols = (vt0 + j) * BN + gl.arange(0, BN, layout=col_l)
             mc = cols < C
             z = acc
             if HAS_BIAS:
@@ -119,11 +99,68 @@ if gluon is not None:
             m_new = gl.maximum(m, gl.max(u, 1))  # (finite: every tile holds a class)
             s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(u - m_new[:, None]), 1)
             m = m_new
-        gl.store(part_ptr + split * N + rows, m, mask=mr)
-        gl.store(part_ptr + (S + split) * N + rows, s, mask=mr)
-        gl.store(zt_ptr + rows, zt, mask=mr & (t >= vt0 * BN) & (t < vt1 * BN) & (t < C))
-        for j in gl.static_range(NB):
-            mbarrier.invalidate(bars.index(j))
+        sp = 2 * split + c
+        gl.store(part_ptr + sp * N + rows, m, mask=mr)
+        gl.store(part_ptr + (S2 + sp) * N + rows, s, mask=mr)
+        jt = t // BN - vt0
+        gl.store(zt_ptr + rows, zt, mask=mr & (jt >= 0) & (jt < n_tiles) & (jt % 2 == c) & (t < C))
+
+    @gluon.jit
+    def _consume0(b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+        _consume(0, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+                 HAS_BIAS, KS, NB, BM, BN)
+
+    @gluon.jit
+    def _consume1(b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+        _consume(1, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+                 HAS_BIAS, KS, NB, BM, BN)
+
+    @gluon.jit
+    def _load(x_desc, w_desc, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, KS: gl.constexpr, NB: gl.constexpr):
+        # the TMA warp: tile j's K steps into consumer j % 2's ring, in tile order
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        for p in range((vt1 - vt0) * KS):
+            j = p // KS
+            k = p % KS
+            q = (j // 2) * KS + k
+            st = (j % 2) * NB + q % NB
+            mbarrier.wait(empty.index(st), ((q // NB) & 1) ^ 1)
+            bar = ready.index(st)
+            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [r0, k * BK], bar, a_bufs.index(st))
+            tma.async_copy_global_to_shared(w_desc, [(vt0 + j) * BN, k * BK], bar, b_bufs.index(st))
+
+    @gluon.jit
+    def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, zt_ptr, N, C, tiles_per,
+                        HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
+        # a row tile (pid 0) over the vocabulary tiles of split pid 1: a TMA warp and two consumer warpgroups (the
+        # default partition and a worker) taking alternate tiles, one's epilogue beside the other's wgmma
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        dtype: gl.constexpr = x_desc.dtype
+        r0 = gl.program_id(0) * BM
+        split = gl.program_id(1)
+        S2 = 2 * gl.num_programs(1)
+        vt0 = split * tiles_per
+        vt1 = gl.minimum(vt0 + tiles_per, gl.cdiv(C, BN))
+        a_bufs = gl.allocate_shared_memory(dtype, [2 * NB] + x_desc.block_type.shape, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [2 * NB] + w_desc.block_type.shape, w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [2 * NB, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2 * NB, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2 * NB):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(empty.index(j), count=1)
+        # (the argument tuples written out: a tuple held in a variable loses its constexprs)
+        gl.warp_specialize([
+            (_consume0, (b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
+                         C, HAS_BIAS, KS, NB, BM, BN)),
+            (_consume1, (b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
+                         C, HAS_BIAS, KS, NB, BM, BN)),
+            (_load, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, KS, NB)),
+        ], [4, 1], _REGS)
 else:  # pragma: no cover
     lse_gemm_kernel = None
 
@@ -171,10 +208,10 @@ class LseGemm:
         BM, BN, BK = TILE
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         vt = -(-C // BN)
-        # about two programs an SM, in one wave (fewer splits left SMs idle, more ran a second wave: 0.41 and
-        # 0.285 against 0.275 ms at (4096, 512, 32000) on an H100)
-        self.tiles_per = max(1, -(-vt * -(-N // BM) // (2 * sms)))
-        self.splits = -(-vt // self.tiles_per)
+        # a program an SM (197 KB of shared memory), in one wave where the work allows (two waves took 0.246
+        # against 0.241 ms at (4096, 512, 32000) on an H100); each program's two consumers give two splits
+        self.tiles_per = max(1, -(-vt * -(-N // BM) // sms))
+        self.splits = 2 * -(-vt // self.tiles_per)
         self.N, self.C, self.D, self.has_bias, self.ignore_index = N, C, D, has_bias, ignore_index
         self.layouts = (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16),
                         gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
@@ -197,7 +234,7 @@ class LseGemm:
         N, C, D = self.N, self.C, self.D
         xd = TensorDescriptor(x, [N, D], [x.stride(0), 1], [BM, BK], self.layouts[0])
         wd = TensorDescriptor(weight, [C, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
-        lse_gemm_kernel[(-(-N // BM), self.splits)](xd, wd, bias if self.has_bias else weight, y, part, zt, N, C,
-                                                    self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
-                                                    NB=STAGES, num_warps=WARPS)
+        lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, part, zt, N,
+                                                         C, self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
+                                                         NB=STAGES, num_warps=WARPS, maxnreg=MAXNREG)
         self.merge(stream, part, self.splits, y, zt, scale, rows_loss, lse, N, C, self.ignore_index)

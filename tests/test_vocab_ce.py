@@ -439,15 +439,15 @@ def test_lse_merge_kernel_matches_torch(mean, device):
     assert torch.all(factor == (scale[0] if mean else 1.0))
 
 
-@pytest.mark.parametrize("D,dtype", [(512, "bf16"), (520, "bf16")])
-def test_lse_gemm_kernel_compiles_for_hopper_two_programs_an_sm(D, dtype):
-    # what its speed rests on (docs/tuning.md#vocabulary-ce-paths): wgmma, TMA loads, no spills, and shared
-    # memory and registers for two programs an SM (228 KB and 64K registers; 4 warps). D = 520: a last K
-    # step past D (TMA's zero fill)
+@pytest.mark.parametrize("D", [512, 520])
+def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
+    # what its speed rests on (docs/tuning.md#vocabulary-ce-paths): wgmma, TMA loads, no spills, and a program
+    # that fits an SM (227 KB of shared memory a block; its 12 warps' registers within 64K). D = 520: a last
+    # K step past D (TMA's zero fill)
     from test_local_head import _compile_report
-    r = _compile_report("--D", str(D), "--dtype", dtype, "--lse-gemm")
+    r = _compile_report("--D", str(D), "--lse-gemm")
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
     got = dict(kv.split("=", 1) for kv in r.stdout.split())
     assert got["mma_versions"] == "3" and int(got["wgmma"]) > 0 and int(got["tma_loads"]) > 0
     assert got["spill_bytes"] == "0"
-    assert 2 * int(got["shared"]) <= 228 * 1024 - 2 * 1024 and 2 * 128 * int(got["regs"]) <= 65536
+    assert int(got["shared"]) <= 227 * 1024 and int(got["threads"]) * int(got["regs"]) <= 65536
