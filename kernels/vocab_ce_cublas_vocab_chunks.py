@@ -9,7 +9,7 @@ written once (each chunk owns its rows of them), and only grad_h (N x D) added t
 narrow h (small D) the extra GEMM is cheap and the scratch is the largest thing a call allocates.
 
   mean_scale_kernel                    1 / the rows not ignored (a mean)
-  pass 1 on Hopper (compute capability 9.x, 16-bit h): vocab_ce_lse_gemm.py's Gluon kernel, the logits GEMM with
+  pass 1 on Hopper (compute capability 9.x, bf16 h): vocab_ce_lse_gemm.py's Gluon kernel, the logits GEMM with
     the rows' max and sum in its epilogue over every class, and its merge (two launches, no logits written;
     pass 2 then computes every chunk's logits); elsewhere, chunk k of classes [v0, v1):
     z_k = relu?(h) W[v0:v1]^T          cuBLAS, into the [N, chunk] scratch in h's dtype
@@ -165,7 +165,7 @@ class CublasVocabLaunch(CublasCall):
         self.lse_gemm = None
         if cuda and D is not None and vocab_ce_lse_gemm.usable(device, hdt, D):
             # (its scratch after the scale: the splits' pairs, then the targets' logits)
-            self.lse_gemm = vocab_ce_lse_gemm.LseGemm(N, C, D, hdt, mean, ignore_index, has_bias, device, launch, y)
+            self.lse_gemm = vocab_ce_lse_gemm.LseGemm(N, C, D, mean, ignore_index, has_bias, device, launch, y)
             self.o_gl = pad(self.n_buf)
             self.n_buf = self.o_gl + self.lse_gemm.n_part
         built, self.steps = {}, []
@@ -216,9 +216,8 @@ class CublasVocabLaunch(CublasCall):
             views.append((wk, wk.t(), grad_weight[v0:v1], zs[n]))
         fused = self.lse_gemm is not None and self.lse_gemm.takes(x, weight)
         if fused:
-            o, Np = self.o_gl, self.lse_gemm.n_part
-            self.lse_gemm(stream, x, weight, bias, y, buf[o:o + Np - N], buf[o + Np - N:o + Np], scale, rows_loss,
-                          lse)
+            self.lse_gemm(stream, x, weight, bias, y, buf[self.o_gl:self.o_gl + self.lse_gemm.n_part], scale,
+                          rows_loss, lse)
         else:
             for (v0, v1, lse_k, _), (_, wkt, _, zc) in zip(self.steps, views):
                 torch.mm(x, wkt, out=zc)

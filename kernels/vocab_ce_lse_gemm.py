@@ -16,8 +16,9 @@ programs an SM and 0.39 with one, and cuBLAS' logits GEMM alone 0.22 (docs/tunin
 consumer has its own ring because a shared one let a consumer's parity wait pass a phase that was not its
 own: it read a stage before its load landed. Deterministic: a fixed order everywhere. Taken where `usable` says:
 a CUDA device of compute capability 9.x (wgmma, TMA), bf16 x and W (the cublas paths' 16-bit dtype) with D a
-multiple of 8, and x, W 16-byte aligned with unit stride on D (else the cuBLAS pass runs). Gluon does not run in Triton's interpreter: on the CPU
-this module's kernel is only compiled (tests/test_vocab_ce.py), the merge runs there.
+multiple of 8, and x, W 16-byte aligned with unit stride on D (else the cuBLAS pass runs). Gluon does not run
+in Triton's interpreter: on the CPU this module's kernel is only compiled (tests/test_vocab_ce.py), the merge
+runs there.
 """
 from __future__ import annotations
 
@@ -198,13 +199,13 @@ def lse_merge_kernel(part_ptr, S, y_ptr, zt_ptr, scale_ptr, loss_ptr, lse_ptr, N
 
 class LseGemm:
     """The pass for one prepared call: `splits` (S, the pairs a row gets) and the fp32 scratch it needs
-    (`n_part`: 2 S N pairs, then N targets' logits); called as (stream, x, weight, bias or None, y, part, zt,
+    (`n_part`: 2 S N pairs, then N targets' logits); called as (stream, x, weight, bias or None, y, scratch,
     scale, rows_loss, lse). launch: CublasCall.setup's, for the merge."""
 
     __slots__ = ("N", "C", "D", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
 
-    def __init__(self, N: int, C: int, D: int, dtype: torch.dtype, mean: bool, ignore_index: int, has_bias: bool,
-                 device: torch.device, launch, y_example):
+    def __init__(self, N: int, C: int, D: int, mean: bool, ignore_index: int, has_bias: bool, device: torch.device,
+                 launch, y_example):
         BM, BN, BK = TILE
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         vt = -(-C // BN)
@@ -229,9 +230,10 @@ class LseGemm:
         return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
                    for t in (x, weight))
 
-    def __call__(self, stream, x, weight, bias, y, part, zt, scale, rows_loss, lse):
+    def __call__(self, stream, x, weight, bias, y, scratch, scale, rows_loss, lse):
         BM, BN, BK = TILE
         N, C, D = self.N, self.C, self.D
+        part, zt = scratch[:2 * self.splits * N], scratch[2 * self.splits * N:]
         xd = TensorDescriptor(x, [N, D], [x.stride(0), 1], [BM, BK], self.layouts[0])
         wd = TensorDescriptor(weight, [C, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
         lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, part, zt, N,

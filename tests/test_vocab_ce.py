@@ -451,3 +451,52 @@ def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
     assert got["mma_versions"] == "3" and int(got["wgmma"]) > 0 and int(got["tma_loads"]) > 0
     assert got["spill_bytes"] == "0"
     assert int(got["shared"]) <= 227 * 1024 and int(got["threads"]) * int(got["regs"]) <= 65536
+
+
+def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device):
+    # LseGemm's host side on the CPU, with a stand-in for the Gluon kernel that writes what the kernel would (each
+    # consumer's pairs over its alternate tiles of a split, the targets' logits) into the part and zt it is handed:
+    # the merge then leaves every row's lse, factor and loss in place
+    from erase_triton.kernels import vocab_ce_lse_gemm as lg
+    from erase_triton.kernels.direct import KernelLaunch
+    torch.manual_seed(0)
+    N, D, C = 300, 64, 1000
+    x = torch.randn(N, D, device=device).to(torch.bfloat16)
+    w = torch.randn(C, D, device=device).to(torch.bfloat16)
+    y = torch.randint(0, C, (N,), device=device)
+    z = x.float() @ w.float().t()
+    seen = {}
+
+    class Kernel:  # lse_gemm_kernel[grid](x_desc, w_desc, b, y, part, zt, N, C, tiles_per, **constexprs)
+        def __getitem__(self, grid):
+            def run(xd, wd, b, yy, part, zt, n, c, tiles_per, **cx):
+                seen.update(grid=grid, tiles_per=tiles_per, cx=cx, shapes=(xd.shape, wd.shape))
+                S2, BN = 2 * grid[1], lg.TILE[1]
+                u = z * 1.4426950408889634
+                for split in range(grid[1]):
+                    for cons in (0, 1):
+                        cols = [k for t in range(split * tiles_per + cons, min((split + 1) * tiles_per, -(-C // BN)), 2)
+                                for k in range(t * BN, min(t * BN + BN, C))]
+                        m = u[:, cols].amax(1)
+                        part[(2 * split + cons) * N:(2 * split + cons + 1) * N] = m
+                        part[(S2 + 2 * split + cons) * N:(S2 + 2 * split + cons + 1) * N] = \
+                            torch.exp2(u[:, cols] - m[:, None]).sum(1)
+                zt.copy_(z.gather(1, yy[:, None])[:, 0])
+            return run
+
+    monkeypatch.setattr(lg, "lse_gemm_kernel", Kernel())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 3}))
+    launch = lambda kernel, grid, cx, args: KernelLaunch(kernel, grid, cx)  # noqa: E731
+    lse_gemm = lg.LseGemm(N, C, D, True, -100, False, torch.device(device), launch, y)
+    # 8 vocabulary tiles x 3 row tiles over 3 SMs: 8 tiles a split, one split (two consumers' pairs)
+    assert (lse_gemm.tiles_per, lse_gemm.splits) == (8, 2)
+    scratch = torch.full((lse_gemm.n_part,), float("nan"), device=device)
+    scale = torch.tensor([1 / N], device=device)
+    rows_loss, lse = torch.empty(N, device=device), torch.empty(2 * N, device=device)
+    lse_gemm(None, x, w, None, y, scratch, scale, rows_loss, lse)
+    assert seen["grid"] == (3, 1) and seen["shapes"] == ([N, D], [C, D]) and seen["cx"]["KS"] == 1
+    ref = torch.logsumexp(z.double(), 1)
+    torch.testing.assert_close(lse[:N].double(), ref * 1.4426950408889634, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(rows_loss.double(), ref - z.gather(1, y[:, None])[:, 0].double(), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.all(lse[N:] == 1 / N)
