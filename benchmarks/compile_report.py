@@ -105,18 +105,17 @@ def _mma_versions(ck) -> str:
     return ",".join(sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))) or "-"
 
 
-def lse_gemm_report(D: int, dtype: str, arch: int = 90, ptx: str | None = None) -> dict:
-    """cublas_vocab_chunks' Gluon pass-1 kernel (kernels/vocab_ce_lse_gemm.py) as the library launches it."""
+def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None) -> dict:
+    """cublas_vocab_chunks' Gluon pass-1 kernel (kernels/vocab_ce_lse_gemm.py) as the library launches it (bf16)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from erase_triton.kernels import vocab_ce_lse_gemm as lg
     BM, BN, BK = lg.TILE
-    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    desc = lambda rows: (f"tensordesc<{dtype}[{rows}, {BK}],"  # noqa: E731
-                         f"{gl.NVMMASharedLayout.get_default_for([rows, BK], gdt)!r}>")
-    sig = {"x_desc": desc(BM), "w_desc": desc(BN), "b_ptr": "*" + dtype, "y_ptr": "*i64", "part_ptr": "*fp32",
-           "zt_ptr": "*fp32", "N": "i32", "C": "i32", "tiles_per": "i32", "HAS_BIAS": "constexpr",
+    desc = lambda rows: (f"tensordesc<bf16[{rows}, {BK}],"  # noqa: E731
+                         f"{gl.NVMMASharedLayout.get_default_for([rows, BK], gl.bfloat16)!r}>")
+    sig = {"x_desc": desc(BM), "w_desc": desc(BN), "b_ptr": "*bf16", "y_ptr": "*i64", "part_ptr": "*fp32",
+           "N": "i32", "C": "i32", "tiles_per": "i32", "HAS_BIAS": "constexpr",
            "KS": "constexpr", "NB": "constexpr", "num_warps": "constexpr"}
     cx = dict(HAS_BIAS=True, KS=-(-D // BK), NB=lg.STAGES, num_warps=lg.WARPS)
     ck = triton_compile(GluonASTSource(fn=lg.lse_gemm_kernel, signature=sig, constexprs=cx),
@@ -142,10 +141,10 @@ def main():
                     help="constexpr overrides, NAME=VALUE (also num_warps, and the compile options maxnreg and num_stages)")
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")
     ap.add_argument("--lse-gemm", action="store_true",
-                    help="report cublas_vocab_chunks' Gluon lse kernel (16-bit --dtype, --D) instead")
+                    help="report cublas_vocab_chunks' Gluon lse kernel (bf16, --D) instead")
     args = ap.parse_args()
     if args.lse_gemm:
-        r = lse_gemm_report(args.D, args.dtype, ptx=args.ptx)
+        r = lse_gemm_report(args.D, ptx=args.ptx)
         print(" ".join(f"{k}={v}" for k, v in r.items()))
         return 0
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)

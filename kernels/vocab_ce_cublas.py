@@ -39,7 +39,10 @@ from .common import ce_rows, grad_scale, store_scalar, sum_vec
 from .direct import KernelLaunch
 
 __all__ = ["CublasCall", "CublasLaunch", "check_cublas_inputs", "dz_colsum_kernel", "first_kernel", "loss_total_kernel",
-           "mean_scale_kernel", "row_lse_kernel", "softmax_dz_kernel"]
+           "mean_scale_kernel", "merge_kernel", "row_lse_kernel", "softmax_dz_kernel"]
+
+# merge_kernel's rows a program
+MERGE_BLOCK = 1024
 
 # softmax_dz_kernel holds a row of up to ONE_PASS_MAX_C classes (16 warps, 64 fp32 a thread) and reads it once
 ONE_PASS_MAX_C = 32768
@@ -190,6 +193,36 @@ def loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN: tl.constexpr):
 def loss_total_kernel(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN: tl.constexpr):
     # the one-read form's loss (the two-read form's last dz_colsum_kernel takes it)
     loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
+
+
+@triton.jit
+def merge_kernel(part_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, S, N, C, ignore_index, MEAN: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    # rows [pid * BLOCK, +BLOCK): S splits' partial rows, [max | sum | target's logit (0 in the splits without
+    # it)] each S x N, merged in order into the row's base-2 lse (lse_ptr[r]) and gradient factor (lse_ptr[N + r]:
+    # the loss's scale, 0 if ignored, NaN for a bad id), and its unscaled loss (loss_ptr[r]). The splits of
+    # vocab_ce_cublas_in_place.py's lse_t_kernel and of vocab_ce_lse_gemm.py's Gluon kernel
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mr = rows < N
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    sm = tl.zeros([BLOCK], dtype=tl.float32)
+    zt = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, S):
+        ms = tl.load(part_ptr + s * N + rows, mask=mr, other=0.0)
+        ss = tl.load(part_ptr + S * N + s * N + rows, mask=mr, other=1.0)  # (masked rows: no log2(0))
+        zt += tl.load(part_ptr + 2 * S * N + s * N + rows, mask=mr, other=0.0)  # (one split's, the rest 0: exact)
+        mn = tl.maximum(m, ms)
+        sm = sm * tl.exp2(m - mn) + ss * tl.exp2(ms - mn)
+        m = mn
+    t = tl.load(y_ptr + rows, mask=mr, other=ignore_index)
+    counts, bad = ce_rows(t, mr, ignore_index, C)
+    scale = 1.0
+    if MEAN:
+        scale = grad_scale(tl.load(scale_ptr))
+    lse2 = m + tl.log2(sm)
+    tl.store(loss_ptr + rows, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad, mask=mr)
+    tl.store(lse_ptr + rows, lse2, mask=mr)
+    tl.store(lse_ptr + N + rows, tl.where(counts, scale, 0.0) + bad, mask=mr)
 
 
 @triton.jit

@@ -12,8 +12,8 @@ dz[:, block k]^T h, which reads only z^T's block k. So:
                              memory from its start (block k >= 1 at grad_W's rows [(k-1)B, kB) x N / D)
   lse_t_kernel               (a program a block of rows and a split of the classes): base-2 max and sum of
                              z + b over the split, and the target's logit where the split holds it
-  merge_kernel               (a program a block of rows): the splits merged in order: each row's lse,
-                             gradient factor and loss
+  merge_kernel               (vocab_ce_cublas.py; a program a block of rows): the splits merged in order:
+                             each row's lse, gradient factor and loss
   dz_t_kernel                (a program a block of classes, every row in a fixed order): dz over z^T in place,
                              grad_b as the block's sums over the rows in fp32; program 0 sums the loss
   grad_h = dz W              cuBLAS, in fp32 over T's block and the rest (`_sum_mm`), rounded once
@@ -35,8 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import ce_rows, grad_scale
-from .vocab_ce_cublas import LN2, LOG2E, CublasCall, loss_total
+from .vocab_ce_cublas import LOG2E, MERGE_BLOCK, CublasCall, loss_total, merge_kernel
 from .vocab_ce_cublas_vocab_chunks import _sum_mm
 
 __all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel", "merge_kernel"]
@@ -45,9 +44,9 @@ __all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel", "merge_kernel"]
 # (4096, 4096, 128256) bf16 on an H100, 8 x 2048 read the logits in 0.35 ms, 64 x 64 in 1.89 ms (short runs
 # of a row: 128 B) and row_lse_kernel's row-major read took 0.43; its programs: the splits of the classes
 # make about two a SM on an H100 or H200. dz_t_kernel's tile (classes, rows, warps) is vocab_ce_cublas.py's
-# 64 x 128 dz tile transposed: 0.73 ms there, as that kernel's 0.74. merge_kernel's rows a program
+# 64 x 128 dz tile transposed: 0.73 ms there, as that kernel's 0.74
 LSE_T_ROWS, LSE_T_ELEMS, LSE_T_WARPS, LSE_T_PROGRAMS = 2048, 16384, 8, 264
-DZ_T_TILE, MERGE_BLOCK = (64, 128, 8), 1024
+DZ_T_TILE = (64, 128, 8)
 
 
 @triton.jit
@@ -96,35 +95,6 @@ def lse_t_kernel(t_ptr, g_ptr, b_ptr, y_ptr, part_ptr, B, N, C, cs, HAS_BIAS: tl
     tl.store(part_ptr + off, m, mask=mr)
     tl.store(part_ptr + S * N + off, sm, mask=mr)
     tl.store(part_ptr + 2 * S * N + off, tl.where(here, zt, 0.0), mask=mr)
-
-
-@triton.jit
-def merge_kernel(part_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, S, N, C, ignore_index, MEAN: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    # rows [pid * BLOCK, +BLOCK): lse_t_kernel's S splits merged in order into the row's base-2 lse (lse_ptr[r])
-    # and gradient factor (lse_ptr[N + r]: the loss's scale, 0 if ignored, NaN for a bad id), and its unscaled
-    # loss (loss_ptr[r])
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mr = rows < N
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    sm = tl.zeros([BLOCK], dtype=tl.float32)
-    zt = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(0, S):
-        ms = tl.load(part_ptr + s * N + rows, mask=mr, other=0.0)
-        ss = tl.load(part_ptr + S * N + s * N + rows, mask=mr, other=1.0)  # (masked rows: no log2(0))
-        zt += tl.load(part_ptr + 2 * S * N + s * N + rows, mask=mr, other=0.0)  # (one split's, the rest 0: exact)
-        mn = tl.maximum(m, ms)
-        sm = sm * tl.exp2(m - mn) + ss * tl.exp2(ms - mn)
-        m = mn
-    t = tl.load(y_ptr + rows, mask=mr, other=ignore_index)
-    counts, bad = ce_rows(t, mr, ignore_index, C)
-    scale = 1.0
-    if MEAN:
-        scale = grad_scale(tl.load(scale_ptr))
-    lse2 = m + tl.log2(sm)
-    tl.store(loss_ptr + rows, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad, mask=mr)
-    tl.store(lse_ptr + rows, lse2, mask=mr)
-    tl.store(lse_ptr + N + rows, tl.where(counts, scale, 0.0) + bad, mask=mr)
 
 
 @triton.jit

@@ -5,10 +5,10 @@ merge) instead of a cuBLAS GEMM and a Triton kernel a chunk of classes.
   lse_gemm_kernel (a row tile x a split of the vocabulary; a program an SM), warp-specialized: a TMA warp
       loads [128, 64] tiles of x and W, and two consumer warpgroups take alternate [128, 128] tiles of the
       split's logits, each through its own ring of three stages, by asynchronous wgmma in fp32, each row's
-      running base-2 max and sum in the epilogue: consumer c's to part[2 split + c, row] and
-      part[S + 2 split + c, row] (S pairs a row), and the target's logit to zt[row] from the tile that holds it
-  lse_merge_kernel (a block of rows): the splits' pairs merged in split order: each row's base-2 lse, gradient
-      factor and unscaled loss, where chunk_lse_kernel's last chunk leaves them
+      running base-2 max and sum and the target's logit (0 where its tiles lack it) in the epilogue: consumer
+      c's as split 2 split + c of S, in merge_kernel's layout
+  merge_kernel (vocab_ce_cublas.py; a block of rows): the splits merged in order: each row's base-2 lse,
+      gradient factor and unscaled loss, where chunk_lse_kernel's last chunk leaves them
 
 The two consumers are what hide one tile's epilogue (an exp2 an element) behind the other's wgmma: at
 (4096, 512, 32000) bf16 on an H100 the pass took 0.241 ms, against 0.275 for one warpgroup a program with two
@@ -23,11 +23,8 @@ runs there.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from .common import ce_rows, grad_scale
-from .vocab_ce_cublas import LN2
+from .vocab_ce_cublas import MERGE_BLOCK, merge_kernel
 
 try:  # (Gluon: triton >= 3.5's experimental Hopper/Blackwell dialect)
     from triton.experimental import gluon
@@ -37,15 +34,14 @@ try:  # (Gluon: triton >= 3.5's experimental Hopper/Blackwell dialect)
 except ImportError:  # pragma: no cover - an older triton: the cuBLAS pass
     gluon = None
 
-__all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "lse_merge_kernel", "usable"]
+__all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "usable"]
 
 # switch for A/B runs (read when a call is prepared); the tile (rows, classes, K), stages a consumer, the default
 # partition's warps; ptxas' register cap (12 warps x 168 fill the SM's 64K) and what the worker partitions take
-# (the default partition gets the rest: 232); the merge's rows and splits a load
+# (the default partition gets the rest: 232)
 ENABLED = True
 TILE, STAGES, WARPS = (128, 128, 64), 3, 4
 MAXNREG, CONSUMER_REGS, LOADER_REGS = 168, 232, 40
-MERGE_ROWS, MERGE_PARTS = 64, 16
 
 
 def usable(device: torch.device, dtype: torch.dtype, D: int) -> bool:
@@ -59,12 +55,12 @@ if gluon is not None:
     _REGS = gl.constexpr([CONSUMER_REGS, LOADER_REGS])
 
     @gluon.jit
-    def _consume(c: gl.constexpr, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split,
+    def _consume(c: gl.constexpr, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split,
                  S2, N, C, HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr,
                  BN: gl.constexpr):
         # consumer warpgroup c: vocabulary tiles vt0 + c, vt0 + c + 2, ... from its own ring of NB stages (buffers
         # and barriers c NB + [0, NB): it waits on every phase of them, so a parity wait never skips one); its rows'
-        # (max, sum) pairs as split 2 split + c of S2
+        # max, sum and target's logit as split 2 split + c of S2 (merge_kernel's [max | sum | logit] x S2 x N)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
         row_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -100,22 +96,21 @@ if gluon is not None:
             m_new = gl.maximum(m, gl.max(u, 1))  # (finite: every tile holds a class)
             s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(u - m_new[:, None]), 1)
             m = m_new
-        sp = 2 * split + c
-        gl.store(part_ptr + sp * N + rows, m, mask=mr)
-        gl.store(part_ptr + (S2 + sp) * N + rows, s, mask=mr)
-        jt = t // BN - vt0
-        gl.store(zt_ptr + rows, zt, mask=mr & (jt >= 0) & (jt < n_tiles) & (jt % 2 == c) & (t < C))
+        off = (2 * split + c) * N + rows
+        gl.store(part_ptr + off, m, mask=mr)
+        gl.store(part_ptr + S2 * N + off, s, mask=mr)
+        gl.store(part_ptr + 2 * S2 * N + off, zt, mask=mr)
 
     @gluon.jit
-    def _consume0(b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+    def _consume0(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
                   HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        _consume(0, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+        _consume(0, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
                  HAS_BIAS, KS, NB, BM, BN)
 
     @gluon.jit
-    def _consume1(b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+    def _consume1(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
                   HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        _consume(1, b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
+        _consume(1, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
                  HAS_BIAS, KS, NB, BM, BN)
 
     @gluon.jit
@@ -135,7 +130,7 @@ if gluon is not None:
             tma.async_copy_global_to_shared(w_desc, [(vt0 + j) * BN, k * BK], bar, b_bufs.index(st))
 
     @gluon.jit
-    def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, zt_ptr, N, C, tiles_per,
+    def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, N, C, tiles_per,
                         HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
         # a row tile (pid 0) over the vocabulary tiles of split pid 1: a TMA warp and two consumer warpgroups (the
         # default partition and a worker) taking alternate tiles, one's epilogue beside the other's wgmma
@@ -156,9 +151,9 @@ if gluon is not None:
             mbarrier.init(empty.index(j), count=1)
         # (the argument tuples written out: a tuple held in a variable loses its constexprs)
         gl.warp_specialize([
-            (_consume0, (b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
+            (_consume0, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
                          C, HAS_BIAS, KS, NB, BM, BN)),
-            (_consume1, (b_ptr, y_ptr, part_ptr, zt_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
+            (_consume1, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
                          C, HAS_BIAS, KS, NB, BM, BN)),
             (_load, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, KS, NB)),
         ], [4, 1], _REGS)
@@ -166,41 +161,10 @@ else:  # pragma: no cover
     lse_gemm_kernel = None
 
 
-@triton.jit
-def lse_merge_kernel(part_ptr, S, y_ptr, zt_ptr, scale_ptr, loss_ptr, lse_ptr, N, C, ignore_index,
-                     MEAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    # a block of rows: the S splits' (max, sum) pairs merged in split order; each row's base-2 lse to lse_ptr[r],
-    # its gradient factor (the loss's scale, 0 if ignored, NaN for a bad id) to lse_ptr[N + r], its unscaled loss
-    # to loss_ptr[r] (what chunk_lse_kernel's last chunk leaves)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    mr = rows < N
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for p0 in range(0, S, BLOCK_P):
-        o_p = p0 + tl.arange(0, BLOCK_P)
-        msk = (o_p < S)[:, None] & mr[None, :]
-        pm = tl.load(part_ptr + o_p[:, None] * N + rows[None, :], mask=msk, other=float("-inf"))
-        ps = tl.load(part_ptr + (S + o_p)[:, None] * N + rows[None, :], mask=msk, other=0.0)
-        m_new = tl.maximum(m, tl.max(pm, 0))
-        ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # (a masked row: no -inf - -inf)
-        s = s * tl.exp2(m - ref) + tl.sum(ps * tl.exp2(pm - ref[None, :]), 0)
-        m = m_new
-    lse2 = m + tl.log2(tl.where(mr, s, 1.0))
-    t = tl.load(y_ptr + rows, mask=mr, other=ignore_index)
-    counts, bad = ce_rows(t, mr, ignore_index, C)
-    scale = 1.0
-    if MEAN:
-        scale = grad_scale(tl.load(scale_ptr))
-    zt = tl.load(zt_ptr + rows, mask=counts & (t >= 0) & (t < C), other=0.0)  # (written where a tile held t)
-    tl.store(loss_ptr + rows, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad, mask=mr)
-    tl.store(lse_ptr + rows, lse2, mask=mr)
-    tl.store(lse_ptr + N + rows, tl.where(counts, scale, 0.0) + bad, mask=mr)
-
-
 class LseGemm:
-    """The pass for one prepared call: `splits` (S, the pairs a row gets) and the fp32 scratch it needs
-    (`n_part`: 2 S N pairs, then N targets' logits); called as (stream, x, weight, bias or None, y, scratch,
-    scale, rows_loss, lse). launch: CublasCall.setup's, for the merge."""
+    """The pass for one prepared call: `splits` (S, the partial rows a row gets) and the fp32 scratch it needs
+    (`n_part`: merge_kernel's 3 S N); called as (stream, x, weight, bias or None, y, scratch, scale, rows_loss,
+    lse). launch: CublasCall.setup's, for the merge."""
 
     __slots__ = ("N", "C", "D", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
 
@@ -217,13 +181,12 @@ class LseGemm:
         self.layouts = (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16),
                         gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
         f32 = torch.float32
-        self.merge = launch(lse_merge_kernel, -(-N // MERGE_ROWS),
-                            dict(MEAN=mean, BLOCK_R=MERGE_ROWS, BLOCK_P=MERGE_PARTS, num_warps=4),
-                            lambda: (f32, self.splits, y_example, f32, f32, f32, f32, N, C, ignore_index))
+        self.merge = launch(merge_kernel, -(-N // MERGE_BLOCK), dict(MEAN=mean, BLOCK=MERGE_BLOCK, num_warps=4),
+                            lambda: (f32, y_example, f32, f32, f32, self.splits, N, C, ignore_index))
 
     @property
     def n_part(self) -> int:
-        return 2 * self.splits * self.N + self.N
+        return 3 * self.splits * self.N
 
     def takes(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether TMA can read these x [N, D] and W [C, D] (16-byte aligned rows, unit stride on D)."""
@@ -233,10 +196,9 @@ class LseGemm:
     def __call__(self, stream, x, weight, bias, y, scratch, scale, rows_loss, lse):
         BM, BN, BK = TILE
         N, C, D = self.N, self.C, self.D
-        part, zt = scratch[:2 * self.splits * N], scratch[2 * self.splits * N:]
         xd = TensorDescriptor(x, [N, D], [x.stride(0), 1], [BM, BK], self.layouts[0])
         wd = TensorDescriptor(weight, [C, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
-        lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, part, zt, N,
+        lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, scratch, N,
                                                          C, self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
                                                          NB=STAGES, num_warps=WARPS, maxnreg=MAXNREG)
-        self.merge(stream, part, self.splits, y, zt, scale, rows_loss, lse, N, C, self.ignore_index)
+        self.merge(stream, scratch, y, scale, rows_loss, lse, self.splits, N, C, self.ignore_index)

@@ -411,9 +411,10 @@ def test_cublas_in_place_is_reproducible_and_refuses_what_it_cannot_hold(device)
 # interpreter: its GEMM kernel is compiled for sm_90a here (and run by tests/test_gpu.py), its merge runs here.
 @pytest.mark.parametrize("mean", [True, False])
 def test_lse_merge_kernel_matches_torch(mean, device):
-    # 70 rows (two blocks, the second short) and 19 splits (two loads of 16) of per-split base-2 (max, sum)
-    # pairs; an ignored row, a bad id, the targets' logits where their split holds them
-    from erase_triton.kernels.vocab_ce_lse_gemm import MERGE_PARTS, MERGE_ROWS, lse_merge_kernel
+    # merge_kernel (vocab_ce_cublas.py, which the Gluon pass shares with cublas_in_place) on 70 rows (the last
+    # block short at a 64-row block) and 19 splits of per-split base-2 (max, sum) and the targets' logits where
+    # their split holds them; an ignored row, a bad id
+    from erase_triton.kernels.vocab_ce_cublas import merge_kernel
     torch.manual_seed(0)
     N, C, S = 70, 1900, 19
     z = torch.randn(N, C, device=device) * 3
@@ -422,12 +423,13 @@ def test_lse_merge_kernel_matches_torch(mean, device):
     u = z.view(N, S, C // S) * 1.4426950408889634
     m = u.amax(2)
     s = torch.exp2(u - m[..., None]).sum(2)
-    part = torch.cat([m.t().reshape(-1), s.t().reshape(-1)])
-    zt = z.gather(1, y.clamp(0, C - 1)[:, None])[:, 0]
+    held = y.clamp(0, C - 1)[:, None] // (C // S) == torch.arange(S, device=device)[None, :]
+    zt = torch.where(held & (y[:, None] >= 0) & (y[:, None] < C), z.gather(1, y.clamp(0, C - 1)[:, None]), 0.0)
+    part = torch.cat([m.t().reshape(-1), s.t().reshape(-1), zt.t().reshape(-1)])
     scale = torch.tensor([1 / 68.0], device=device)
     rows_loss, lse = torch.empty(N, device=device), torch.empty(2 * N, device=device)
-    lse_merge_kernel[(triton.cdiv(N, MERGE_ROWS),)](part, S, y, zt, scale, rows_loss, lse, N, C, -100, MEAN=mean,
-                                                     BLOCK_R=MERGE_ROWS, BLOCK_P=MERGE_PARTS)
+    merge_kernel[(triton.cdiv(N, 64),)](part, y, scale, rows_loss, lse, S, N, C, -100, MEAN=mean, BLOCK=64)
+    zt = z.gather(1, y.clamp(0, C - 1)[:, None])[:, 0]
     ref = torch.logsumexp(z.double(), 1)
     ok = torch.ones(N, dtype=torch.bool, device=device)
     ok[[5, 9]] = False
@@ -445,7 +447,7 @@ def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
     # that fits an SM (227 KB of shared memory a block; its 12 warps' registers within 64K). D = 520: a last
     # K step past D (TMA's zero fill)
     from test_local_head import _compile_report
-    r = _compile_report("--D", str(D), "--lse-gemm")
+    r = _compile_report("--D", str(D), "--lse-gemm")  # (bf16, the dtype the library launches it for)
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
     got = dict(kv.split("=", 1) for kv in r.stdout.split())
     assert got["mma_versions"] == "3" and int(got["wgmma"]) > 0 and int(got["tma_loads"]) > 0
@@ -455,7 +457,7 @@ def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
 
 def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device):
     # LseGemm's host side on the CPU, with a stand-in for the Gluon kernel that writes what the kernel would (each
-    # consumer's pairs over its alternate tiles of a split, the targets' logits) into the part and zt it is handed:
+    # consumer's max, sum and target's logit over its alternate tiles of a split) into the scratch it is handed:
     # the merge then leaves every row's lse, factor and loss in place
     from erase_triton.kernels import vocab_ce_lse_gemm as lg
     from erase_triton.kernels.direct import KernelLaunch
@@ -467,9 +469,9 @@ def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device
     z = x.float() @ w.float().t()
     seen = {}
 
-    class Kernel:  # lse_gemm_kernel[grid](x_desc, w_desc, b, y, part, zt, N, C, tiles_per, **constexprs)
+    class Kernel:  # lse_gemm_kernel[grid](x_desc, w_desc, b, y, part, N, C, tiles_per, **constexprs)
         def __getitem__(self, grid):
-            def run(xd, wd, b, yy, part, zt, n, c, tiles_per, **cx):
+            def run(xd, wd, b, yy, part, n, c, tiles_per, **cx):
                 seen.update(grid=grid, tiles_per=tiles_per, cx=cx, shapes=(xd.shape, wd.shape))
                 S2, BN = 2 * grid[1], lg.TILE[1]
                 u = z * 1.4426950408889634
@@ -478,10 +480,11 @@ def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device
                         cols = [k for t in range(split * tiles_per + cons, min((split + 1) * tiles_per, -(-C // BN)), 2)
                                 for k in range(t * BN, min(t * BN + BN, C))]
                         m = u[:, cols].amax(1)
-                        part[(2 * split + cons) * N:(2 * split + cons + 1) * N] = m
-                        part[(S2 + 2 * split + cons) * N:(S2 + 2 * split + cons + 1) * N] = \
-                            torch.exp2(u[:, cols] - m[:, None]).sum(1)
-                zt.copy_(z.gather(1, yy[:, None])[:, 0])
+                        o = (2 * split + cons) * N
+                        part[o:o + N] = m
+                        part[S2 * N + o:S2 * N + o + N] = torch.exp2(u[:, cols] - m[:, None]).sum(1)
+                        held = torch.isin(yy, torch.tensor(cols, device=yy.device))
+                        part[2 * S2 * N + o:2 * S2 * N + o + N] = torch.where(held, z.gather(1, yy[:, None])[:, 0], 0.0)
             return run
 
     monkeypatch.setattr(lg, "lse_gemm_kernel", Kernel())
