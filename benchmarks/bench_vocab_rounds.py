@@ -2,15 +2,16 @@
 bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
-        [--paths cublas_vocab_chunks] [--out benchmarks/results/vocab_rounds.csv]
+        [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
 round gives do_bench's median (ms) of calls issued one after another, the replay of one call captured in a
 CUDA graph (graphed_ms: what a captured step pays, the host's issue cost gone; NaN where capture fails) and
 the kernel time of one call (torch profiler over three calls: graphed_ms less the gaps between kernels).
---chunks: `cublas` at those chunk sizes (rows); --paths: other vocabulary paths at their own chunk rule
-(cublas_vocab_chunks on Hopper twice: with its Gluon pass 1, the default there, and with its cuBLAS one).
+--chunks: `cublas` at those chunk sizes (rows); --vocab-chunks: `cublas_vocab_chunks` at those (classes);
+--paths: other vocabulary paths at their own chunk rule (cublas_vocab_chunks on Hopper twice: with its Gluon
+pass 1, the default there, and with its cuBLAS one).
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
 peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
 estimate: a ratio within one round cancels drift slower than the round), issued and graphed.
@@ -81,16 +82,18 @@ def main():
     ap.add_argument("--shape", default="4096:4096:128256", help="N:D:V")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--chunks", default="1024,2048", help="chunk sizes (rows) of vocab_path='cublas' besides the default's")
+    ap.add_argument("--vocab-chunks", default="", help="chunk sizes (classes) of vocab_path='cublas_vocab_chunks'")
     ap.add_argument("--paths", default="", help=f"other vocabulary paths at their own chunk rule, of {', '.join(VOCAB_PATHS)}")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
         N, D, C = (int(x) for x in args.shape.split(":"))
         chunks = [int(x) for x in args.chunks.split(",") if x]
-        assert min(N, D, C, *chunks) > 0
+        vocab_chunks = [int(x) for x in args.vocab_chunks.split(",") if x]
+        assert min(N, D, C, *chunks, *vocab_chunks) > 0
     except (ValueError, AssertionError):
-        ap.error(f"--shape N:D:V and --chunks A,B,...: expected positive integers, "
-                 f"got {args.shape!r} and {args.chunks!r}")
+        ap.error(f"--shape N:D:V, --chunks A,B,... and --vocab-chunks A,B,...: expected positive integers, "
+                 f"got {args.shape!r}, {args.chunks!r} and {args.vocab_chunks!r}")
     paths = [p for p in args.paths.split(",") if p]
     if any(p not in VOCAB_PATHS for p in paths):
         ap.error(f"--paths: expected some of {', '.join(VOCAB_PATHS)}, got {args.paths!r}")
@@ -110,9 +113,12 @@ def main():
         variants[f"ours-{p}"] = ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p))
         if p == "cublas_vocab_chunks" and lse_gemm.usable(h.device, h.dtype, D):  # Hopper: also its cuBLAS pass 1
             chunk = kplan.chunk_size_for(p, N, C, D, 2, 2, kplan.CUBLAS_COLUMN_TILE, LaunchConfig(),
-                                         share=kplan.CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+                                         share=kplan.CUBLAS_VOCAB_SCRATCH_SHARE)
             variants[f"ours-{p} cuBLAS pass 1"] = without_lse_gemm(
                 ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p, chunk_size=chunk)))
+    for cs in vocab_chunks:
+        variants[f"ours-cublas_vocab_chunks chunk_size={cs}"] = ours_fn(
+            "ce", h, w, b, y, LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs))
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
         fn()

@@ -256,9 +256,11 @@ _CHUNK_MIN_BYTES = 16 << 20  # scratch of the chunked vocabulary paths: at least
 # rows, within 1.5 GB, and in interleaved rounds 2% faster than 4 x 1024 on an H200, level on an H100; 2 x 2048 is
 # 2-3% faster in 1.53 GB (docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_MIN_ROWS, CUBLAS_ROW_TILE, CUBLAS_SCRATCH_SHARE = 1024, 64, 3 / 8
-# vocab_path="cublas_vocab_chunks": classes a chunk in 512s, a scratch of up to 7/8 of grad_W's bytes (N x 3072 at
-# (4096, 512, 32000): 24 MiB, 65 MB a call in all where cuBLAS ran before; not tuned)
-CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 512, 7 / 8
+# vocab_path="cublas_vocab_chunks": classes a chunk in 128s, a scratch of up to 7/8 of grad_W's bytes, evened out
+# over the chunks: 10 x 3200 at (4096, 512, 32000), 25 MiB, 67.5 MiB a call in all where cuBLAS ran before. On an
+# H100 that took 1.08 ms of kernel time against 1.15 for 10 x 3072 + 1280 (a short last chunk), and 1.12 for
+# 12 x 2688 within 64 MiB (docs/tuning.md#vocabulary-ce-paths)
+CUBLAS_COLUMN_TILE, CUBLAS_VOCAB_SCRATCH_SHARE = 128, 7 / 8
 # vocab_path="cublas_in_place": classes a block of grad_W (the [block, N] scratch's rows): at (4096, 4096, 128256)
 # 2048 took 19.0 ms of kernel time against 4096's 19.4 (H100, one probe; docs/tuning.md#vocabulary-ce-paths)
 CUBLAS_IN_PLACE_BLOCK = 2048
@@ -454,7 +456,7 @@ def prepare_launch(h2, weight, bias, y, loss: str, reduction: str, ignore_index:
                                   cfg.two_pass, cfg.block_v, example=example)
             else:
                 chunk = chunk_size_for("cublas_vocab_chunks", N, C, D, h2.element_size(), weight.element_size(),
-                                       CUBLAS_COLUMN_TILE, cfg, share=CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+                                       CUBLAS_COLUMN_TILE, cfg, share=CUBLAS_VOCAB_SCRATCH_SHARE)
                 hl = CublasVocabLaunch(N, C, chunk, mean, ignore_index, relu, accumulate, bias is not None, dev,
                                        POISON, cfg.block_v, example=example, D=D)
             # recorded like a Triton plan, so what a call took shows in _PLANS (the tests read the kinds)

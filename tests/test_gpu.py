@@ -169,7 +169,7 @@ def test_cublas_vocab_path_at_scale(N, D, C, dtype, occupancy, chunk, activation
 
 
 @pytest.mark.parametrize("N,D,C,dtype,chunk,activation", [
-    (4096, 512, 32000, torch.bfloat16, None, None),  # the rule's 3072 classes a chunk: 10 + the rest (1280)
+    (4096, 512, 32000, torch.bfloat16, None, None),  # the rule's 10 chunks of 3200 classes
     (2048, 256, 131072, torch.bfloat16, None, "relu"),
     (3001, 130, 1000, torch.float32, 512, None),  # 512 + 488 classes, rows not a multiple of the dz blocks
     (4099, 1024, 50257, torch.bfloat16, 4096, "relu"),  # odd C: a last chunk of 1105 classes

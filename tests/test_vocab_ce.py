@@ -132,13 +132,15 @@ def test_chunk_size_rule():
     assert rule("cublas", 4096, 32000, 512, 2, 2, t, cfg, **kw) == 1024  # the floor, above 16 MiB's 256 rows
     assert rule("cublas", 300, 1000, 40, 2, 2, t, cfg, **kw) == 320
     assert rule("cublas", 4096, 32000, 512, 2, 2, t, LaunchConfig(chunk_size=100), **kw) == 128
-    # cublas_vocab_chunks: classes in 512s, a scratch of N x chunk up to 7/8 of grad_W (N x 3072: 24 of 31 MiB),
-    # not evened out (10 x 3072 + 1280)
-    kv = dict(share=klh.CUBLAS_VOCAB_SCRATCH_SHARE, even=False)
+    # cublas_vocab_chunks: classes in 128s, a scratch of N x chunk up to 7/8 of grad_W (N x 3456: 27 of 31 MiB),
+    # evened out (10 x 3200, not 9 x 3456 + 896)
+    kv = dict(share=klh.CUBLAS_VOCAB_SCRATCH_SHARE)
     t = klh.CUBLAS_COLUMN_TILE
-    assert rule("cublas_vocab_chunks", 4096, 32000, 512, 2, 2, t, cfg, **kv) == 3072
+    assert rule("cublas_vocab_chunks", 4096, 32000, 512, 2, 2, t, cfg, **kv) == 3200
+    assert rule("cublas_vocab_chunks", 4096, 32000, 512, 2, 2, t, cfg, **kv, even=False) == 3456
+    assert rule("cublas_vocab_chunks", 4096, 50257, 1024, 2, 2, t, cfg, **kv) == 10112  # (5 chunks, the last 9809)
     assert rule("cublas_vocab_chunks", 300, 1000, 40, 2, 2, t, cfg, **kv) == 1024  # (16 MiB: every class)
-    assert rule("cublas_vocab_chunks", 300, 1000, 40, 2, 2, t, LaunchConfig(chunk_size=100), **kv) == 512
+    assert rule("cublas_vocab_chunks", 300, 1000, 40, 2, 2, t, LaunchConfig(chunk_size=100), **kv) == 128
 
 
 @pytest.mark.parametrize("kw,match", [(dict(vocab_path="fast"), "vocab_path must be one of"),
