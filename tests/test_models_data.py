@@ -439,8 +439,9 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_data_parallel.py", ["--out", "x.csv"], "run it under torchrun"),
     ("check_reliability.py", ["soak", "--steps", "150"], "--steps: expected a positive multiple of 100"),
     ("bench_local_head.py", ["--vocab", "--shapes", "4096:512"], "--shapes: expected N:D:V"),
-    ("bench_vocab_rounds.py", ["--shape", "4096:512"], "--shape N:D:V and --chunks A,B,...: expected positive"),
-    ("bench_vocab_rounds.py", ["--chunks", "1024,x"], "--shape N:D:V and --chunks A,B,...: expected positive"),
+    ("bench_vocab_rounds.py", ["--shape", "4096:512"], "--shape N:D:V, --chunks A,B,... and --vocab-chunks"),
+    ("bench_vocab_rounds.py", ["--chunks", "1024,x"], "--shape N:D:V, --chunks A,B,... and --vocab-chunks"),
+    ("bench_vocab_rounds.py", ["--vocab-chunks", "0"], "--vocab-chunks A,B,...: expected positive integers"),
     ("bench_vocab_rounds.py", ["--paths", "cublas,lean"], "--paths: expected some of recompute"),
     ("bench_vocab_accuracy.py", ["--shape", "64:32:256"], "--shape N:D:V (V > 512, a vocabulary head)"),
     ("bench_vocab_accuracy.py", ["--paths", "lean"], "--paths: expected some of recompute")])

@@ -205,7 +205,7 @@ def plot_local_head(rows: list[dict], path: str):
             cfgs.append(k)
     # every variant with a time, baselines first, each group in the file's order
     variants = sorted(dict.fromkeys(r["variant"] for r in rs), key=lambda v: v.startswith("ours"))
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cfgs)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cfgs)) + 2.5, 4.2))
     w = 0.8 / len(variants)
     for i, v in enumerate(variants):
         vals = [next((_f(r, "us") for r in rs if (r["loss"], r["N"], r["D"], r["C"], r["dtype"]) == k
@@ -219,7 +219,7 @@ def plot_local_head(rows: list[dict], path: str):
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cfgs))])
     ax.set_xticklabels([f"{k[0]} N{k[1]}\nD{k[2]} C{k[3]}\n{k[4]}" for k in cfgs], fontsize=7)
     ax.set_ylabel("µs per head call (loss + all grads)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the axes: never over a bar
     ax.set_title(f"Fused local head ({_gpu(rows)})", fontsize=9)
     _save(fig, path)
 
