@@ -94,9 +94,9 @@ class LaunchConfig:
                     "cublas") a chunk, rounded up to the kernel's tile. None: the host rule, a scratch of
                     at most max(16 MiB, a quarter of grad_W's bytes), except that "row_chunks" takes at
                     least enough rows to give every program a grad_h tile, "cublas" at least
-                    1024 rows, up to 3/8 of grad_W's bytes, and "cublas_vocab_chunks" classes in 512s
-                    up to 7/8 of grad_W's bytes; for the last two the last chunk is the rest
-                    (`kernels.plan.chunk_size_for`). "cublas_in_place": classes a block (the scratch's
+                    1024 rows, up to 3/8 of grad_W's bytes, the last chunk the rest, and
+                    "cublas_vocab_chunks" classes in 128s up to 7/8 of grad_W's bytes, evened out over
+                    the chunks (`kernels.plan.chunk_size_for`). "cublas_in_place": classes a block (the scratch's
                     rows), None: 2048.
     deterministic:  True: grad_weight, grad_bias and the loss are summed in a fixed order
                     after a grid barrier, so results are bitwise reproducible. False permits
