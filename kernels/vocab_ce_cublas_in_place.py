@@ -38,7 +38,7 @@ import triton.language as tl
 from .vocab_ce_cublas import LOG2E, MERGE_BLOCK, CublasCall, loss_total, merge_kernel
 from .vocab_ce_cublas_vocab_chunks import _sum_mm
 
-__all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel", "merge_kernel"]
+__all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel"]
 
 # lse_t_kernel's tile: up to LSE_T_ROWS rows (contiguous) by LSE_T_ELEMS / rows classes (8 to 64), 8 warps: at
 # (4096, 4096, 128256) bf16 on an H100, 8 x 2048 read the logits in 0.35 ms, 64 x 64 in 1.89 ms (short runs

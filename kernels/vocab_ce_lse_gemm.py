@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .vocab_ce_cublas import MERGE_BLOCK, merge_kernel
+from .vocab_ce_cublas import LOG2E as _LOG2E, MERGE_BLOCK, merge_kernel
 
 try:  # (Gluon: triton >= 3.5's experimental Hopper/Blackwell dialect)
     from triton.experimental import gluon
@@ -51,7 +51,7 @@ def usable(device: torch.device, dtype: torch.dtype, D: int) -> bool:
 
 
 if gluon is not None:
-    LOG2E = gl.constexpr(1.4426950408889634)
+    LOG2E = gl.constexpr(_LOG2E.value)  # (the Triton kernels' constant, as a Gluon one)
     _REGS = gl.constexpr([CONSUMER_REGS, LOADER_REGS])
 
     @gluon.jit
