@@ -210,6 +210,28 @@ def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
         assert rel_err(a, c) < 1e-2, name
 
 
+def test_cublas_vocab_chunks_peak_is_its_buffers():
+    # at its peak a call holds grad_W, the fp32 grad_h sum, one chunk's logits and its small fp32 buffer (with a
+    # bias also grad_b and the column sums' blocks): nothing keeps the scratch alive into grad_h's rounded copy
+    from erase_triton.bench import peak_mb
+    g = torch.Generator(device=dev).manual_seed(0)
+    N, D, C, chunk = 4096, 256, 16384, 2048
+    h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
+    w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
+    b = torch.zeros(C, device=dev, dtype=torch.bfloat16)
+    y = torch.randint(0, C, (N,), device=dev, generator=g)
+    cfg = et.LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=chunk)
+    for bias in (b, None):
+        def run():
+            return fused_local_head(h, w, bias, y, loss="ce", config=cfg)
+        run()
+        held = C * D * 2 + N * D * 4 + N * chunk * 2  # grad_W, the fp32 grad_h, the scratch
+        if bias is not None:
+            held += C * 2 + 8 * C * 4  # grad_b, its column sums' blocks of rows
+        # (1 MiB for the rest: the buffer's lse and Gluon pairs; grad_h's bf16 copy, 2 MiB, must come after)
+        assert peak_mb(run, fresh_stream=True, cublas_warm=True) <= held / 2 ** 20 + 1, bias is None
+
+
 @pytest.mark.parametrize("N,D,C,dtype,occupancy", [
     (8192, 512, 512, torch.bfloat16, None),
     (8192, 512, 512, torch.bfloat16, 0.125),
