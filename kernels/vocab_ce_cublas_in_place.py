@@ -192,7 +192,7 @@ class CublasInPlaceLaunch(CublasCall):
         grad_h, buf, loss, t = self.buffers(h, (min(B, C), N), torch.float32)
         rows_loss, lse, part, scale = self.views(buf, y, stream)
         if not self.has_bias:
-            bias, grad_bias = t, lse  # unused pointers (HAS_BIAS=False)
+            bias, grad_bias = weight, lse  # unused pointers (HAS_BIAS=False; not t, which would outlive its `del`)
         rest = C - t.shape[0]
         g = grad_weight.view(-1)[: rest * N].view(rest, N)  # z^T of classes [B, C): grad_W's memory from its start
         torch.mm(weight[:B], x.t(), out=t)
