@@ -412,7 +412,7 @@ class CublasLaunch(CublasCall):
         grad_h, buf, loss, z = self.buffers(h, (self.chunk, C), h.dtype)
         rows_loss, lse, colsum, scale = self.views(buf, y, stream)
         if not self.has_bias:
-            bias, colsum, grad_bias = z, lse, lse  # unused pointers (HAS_BIAS=False)
+            bias, colsum, grad_bias = weight, lse, lse  # unused pointers (HAS_BIAS=False; not z, as below)
         wt = weight.t()
         ii = self.ignore_index
         for r0, r1, rows_k, dz_k in self.steps:
@@ -431,6 +431,7 @@ class CublasLaunch(CublasCall):
                 grad_weight.addmm_(zc.t(), xc)
         if self.loss_launch is not None:
             self.loss_launch(stream, rows_loss, N, scale, loss)
+        del z, zc  # (the scratch's memory back before the ReLU's mask)
         if self.relu:
             grad_h.masked_fill_(h <= 0, 0)
         return loss, grad_h.view(shape)

@@ -213,18 +213,13 @@ def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
 @pytest.mark.parametrize("path", ["cublas_vocab_chunks", "cublas_in_place"])
 def test_vocab_paths_peak_is_their_buffers(path):
     # at its peak a call holds grad_W, the fp32 grad_h sum, one chunk's logits (cublas_in_place: one block's, the
-    # rest in grad_W) and its fp32 buffer (and grad_b with a bias): nothing keeps the scratch alive into grad_h's
-    # rounded copy (2 MiB here)
+    # rest in grad_W; at most D rows there) and its fp32 buffer (and grad_b with a bias): nothing keeps the scratch
+    # alive into grad_h's rounded copy (2 MiB here)
     from erase_triton.bench import peak_mb
     from erase_triton.kernels.vocab_ce_cublas_in_place import CublasInPlaceLaunch
     from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import CublasVocabLaunch
     g = torch.Generator(device=dev).manual_seed(0)
-    if path == "cublas_vocab_chunks":
-        N, D, C, chunk = 4096, 256, 16384, 2048
-        scratch = N * chunk * 2
-    else:  # (at most D rows)
-        N, D, C, chunk = 1024, 1024, 16384, 2048
-        scratch = chunk * N * 2
+    N, D, C, chunk = (4096, 256, 16384, 2048) if path == "cublas_vocab_chunks" else (1024, 1024, 16384, 2048)
     h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
     w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
     b = torch.zeros(C, device=dev, dtype=torch.bfloat16)
@@ -240,7 +235,7 @@ def test_vocab_paths_peak_is_their_buffers(path):
             buf = CublasVocabLaunch(N, C, chunk, True, -100, False, False, bias is not None, cpu, D=D).n_buf
         else:
             buf = CublasInPlaceLaunch(N, C, D, chunk, True, -100, False, bias is not None, cpu).n_buf
-        held = C * D * 2 + N * D * 4 + scratch + buf * 4 + (C * 2 if bias is not None else 0)
+        held = C * D * 2 + N * D * 4 + N * chunk * 2 + buf * 4 + (C * 2 if bias is not None else 0)
         # (1 MiB for the rest: on Hopper cublas_vocab_chunks' Gluon pass adds its splits' pairs to the buffer)
         assert peak_mb(run, fresh_stream=True, cublas_warm=True) <= held / 2 ** 20 + 1, bias is None
     assert {p.kind for p in klh._PLANS.values()} == {path}
