@@ -1,8 +1,8 @@
-"""Data-parallel cases shared by tests/test_distributed.py (gloo, CPU) and tests/test_gpu.py (NCCL):
-each builds a model and one rank's batch for a step. Run as a script, it is one rank of a job
-(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment; DP_DEVICE=cuda for NCCL, one GPU a
-rank, which adds the captured cases) that trains every case for STEPS steps and saves each step's
-gradients and parameters to OUT_<rank>.pt."""
+"""Data-parallel cases shared by tests/test_distributed.py (gloo, CPU) and tests/test_gpu.py (NCCL; gloo
+on CUDA): each builds a model and one rank's batch for a step. Run as a script, it is one rank of a job
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment; DP_DEVICE=cuda for a GPU a rank with NCCL,
+which adds the captured cases; DP_BACKEND=gloo with DP_DEVICE=cuda for ranks that share the GPUs there)
+that trains every case for STEPS steps and saves each step's gradients and parameters to OUT_<rank>.pt."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,11 @@ def device() -> torch.device:
     if os.environ.get("DP_DEVICE") == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def backend() -> str:
+    """The process group's backend: DP_BACKEND, else NCCL on CUDA and gloo on CPU."""
+    return os.environ.get("DP_BACKEND") or ("nccl" if os.environ.get("DP_DEVICE") == "cuda" else "gloo")
 
 
 def build(case: str):
@@ -69,7 +74,13 @@ WARMUP = 3  # Scheduler.capture's warm-up steps (they train, on the first batch)
 
 
 def cases() -> dict:
-    return {**CASES, **CAPTURED} if device().type == "cuda" else CASES
+    if device().type == "cpu":
+        return CASES
+    if backend() == "gloo":
+        # gloo on CUDA: eager steps only (a gloo collective cannot be captured), and not FSDP's, whose
+        # reduce-scatter gloo lacks on CUDA
+        return {k: v for k, v in CASES.items() if "sharded" not in k}
+    return {**CASES, **CAPTURED}
 
 
 def train(case: str, inputs_of, dp: bool):
@@ -138,8 +149,9 @@ def refusals() -> dict:
             "fsdp_wrap": error_of(lambda: data_parallel(whole), ValueError)}
 
 
-def run_ranks(world: int, stem: str, cuda: bool = False, timeout: float = 240) -> list:
-    """Run this file as `world` ranks (gloo on CPU, or NCCL with one GPU a rank); returns each rank's results."""
+def run_ranks(world: int, stem: str, cuda: bool = False, timeout: float = 240, backend: str | None = None) -> list:
+    """Run this file as `world` ranks (gloo on CPU; on CUDA, NCCL with one GPU a rank, or with
+    backend="gloo" ranks that share the GPUs, rank r on GPU r mod their count); returns each rank's results."""
     import socket
     import subprocess
 
@@ -151,6 +163,8 @@ def run_ranks(world: int, stem: str, cuda: bool = False, timeout: float = 240) -
                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     if cuda:
         env["DP_DEVICE"] = "cuda"
+    if backend:
+        env["DP_BACKEND"] = backend
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), stem],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
@@ -179,9 +193,9 @@ def compare(results: list, world: int, tol: float = 1e-5):
 def main():
     import torch.distributed as dist
 
-    if device().type == "cuda" or os.environ.get("DP_DEVICE") == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if os.environ.get("DP_DEVICE") == "cuda" else "gloo")
+    if os.environ.get("DP_DEVICE") == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    dist.init_process_group(backend())
     rank = dist.get_rank()
     torch.set_num_threads(1)
     result = {case: train(case, lambda s, c=case: batch(c, s, rank), dp=True) for case in cases()}

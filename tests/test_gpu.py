@@ -821,3 +821,21 @@ def test_data_parallel_nccl_equals_the_union_batch(world, tmp_path):
         dp_cases.compare(results, world, tol=1e-4)
     finally:
         os.environ.pop("DP_DEVICE", None)
+
+
+def test_data_parallel_two_gloo_ranks_on_one_gpu_equal_the_union_batch(tmp_path):
+    # What one GPU allows at world size 2: two ranks sharing cuda:0 over gloo (CUDA tensors, copied through
+    # the host). Eager e2e / sequential / erase with early updates and fused-SGD tables: the segment
+    # all-reduces issued from the backward streams, each rank's gradients == the union batch's.
+    sys.path.insert(0, os.path.dirname(__file__))
+    import dp_cases
+    os.environ.update(DP_DEVICE="cuda", DP_BACKEND="gloo")
+    try:
+        results = dp_cases.run_ranks(2, str(tmp_path / "out"), cuda=True, timeout=400, backend="gloo")
+        dp_cases.compare(results, 2, tol=1e-4)
+        assert set(results[0]) - {"refusals"} == set(dp_cases.cases()) and len(dp_cases.cases()) >= 7
+        for r in results:
+            assert "erase_triton.distributed.data_parallel" in r["refusals"]["ddp_forward"], r["refusals"]
+    finally:
+        os.environ.pop("DP_DEVICE", None)
+        os.environ.pop("DP_BACKEND", None)
