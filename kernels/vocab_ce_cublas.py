@@ -197,16 +197,22 @@ def loss_total_kernel(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN: tl.constexpr)
 
 @triton.jit
 def merge_kernel(part_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, S, N, C, ignore_index, MEAN: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 INIT: tl.constexpr, BLOCK: tl.constexpr):
     # rows [pid * BLOCK, +BLOCK): S splits' partial rows, [max | sum | target's logit (0 in the splits without
     # it)] each S x N, merged in order into the row's base-2 lse (lse_ptr[r]) and gradient factor (lse_ptr[N + r]:
-    # the loss's scale, 0 if ignored, NaN for a bad id), and its unscaled loss (loss_ptr[r]). The splits of
+    # the loss's scale, 0 if ignored, NaN for a bad id), and its unscaled loss (loss_ptr[r]). INIT: merged into
+    # the running pair and target's logit already there (chunk_lse_kernel's, FIRST and not LAST). The splits of
     # vocab_ce_cublas_in_place.py's lse_t_kernel and of vocab_ce_lse_gemm.py's Gluon kernel
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mr = rows < N
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    sm = tl.zeros([BLOCK], dtype=tl.float32)
-    zt = tl.zeros([BLOCK], dtype=tl.float32)
+    if INIT:
+        m = tl.load(lse_ptr + rows, mask=mr, other=0.0)
+        sm = tl.load(lse_ptr + N + rows, mask=mr, other=1.0)
+        zt = tl.load(loss_ptr + rows, mask=mr, other=0.0)
+    else:
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        sm = tl.zeros([BLOCK], dtype=tl.float32)
+        zt = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(0, S):
         ms = tl.load(part_ptr + s * N + rows, mask=mr, other=0.0)
         ss = tl.load(part_ptr + S * N + s * N + rows, mask=mr, other=1.0)  # (masked rows: no log2(0))

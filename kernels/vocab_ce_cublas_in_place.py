@@ -174,7 +174,7 @@ class CublasInPlaceLaunch(CublasCall):
         self.lse_launch = launch(lse_t_kernel, (-(-N // ln), S), self.first_cx,
                                  lambda: (hdt, hdt, b_ex, y, f32, B, N, C, cs))
         self.merge_launch = launch(merge_kernel, -(-N // MERGE_BLOCK),
-                                   dict(MEAN=mean, BLOCK=MERGE_BLOCK, num_warps=4 if cuda else 1),
+                                   dict(MEAN=mean, INIT=False, BLOCK=MERGE_BLOCK, num_warps=4 if cuda else 1),
                                    lambda: (f32, y, f32, f32, f32, S, N, C, ignore_index))
         self.dz_launch = launch(dz_t_kernel, -(-C // dc),
                                 dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK_C=dc, BLOCK_N=dn, num_warps=dw if cuda else 1),

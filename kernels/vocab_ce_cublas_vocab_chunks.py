@@ -4,19 +4,24 @@ GEMMs and two Triton kernels a chunk of columns, in a scratch of N rows x `chunk
 "cublas" (vocab_ce_cublas.py) takes chunks of rows: three GEMMs, but each chunk's logits span the whole
 vocabulary, so its scratch holds at least CUBLAS_MIN_ROWS x C values (62.5 MiB at C = 32000) and grad_W is
 read and written once a chunk. Here a chunk holds every row and `chunk` classes, so the logits are computed
-twice: once for the rows' log-sum-exp, once for dz. What that buys: a scratch of any size, grad_W and grad_b
+twice (but for the one or two chunks kept): once for the rows' log-sum-exp, once for dz. What that buys: a scratch of any size, grad_W and grad_b
 written once (each chunk owns its rows of them), and only grad_h (N x D) added to across chunks. For a
 narrow h (small D) the extra GEMM is cheap and the scratch is the largest thing a call allocates.
 
   mean_scale_kernel                    1 / the rows not ignored (a mean)
-  pass 1 on Hopper (compute capability 9.x, bf16 h): vocab_ce_lse_gemm.py's Gluon kernel, the logits GEMM with
-    the rows' max and sum in its epilogue over every class, and its merge (two launches, no logits written;
-    pass 2 then computes every chunk's logits); elsewhere, chunk k of classes [v0, v1):
+  chunks: `chunk` classes each, but the first, which holds what is left over (the last is whole)
+  pass 1, chunk k of classes [v0, v1):
     z_k = relu?(h) W[v0:v1]^T          cuBLAS, into the [N, chunk] scratch in h's dtype
     chunk_lse_kernel (a program a row): the chunk's base-2 max and sum of z_k + b merged into the row's running
                                        pair; the target's logit from the chunk that holds it; the last chunk
                                        turns them into the row's lse, gradient factor and loss
-  pass 2, the chunks in reverse (the last chunk's logits are still in the scratch: not recomputed):
+    the logits of the kept chunks stay for pass 2: the last's in the scratch and, unless grad_W is added to,
+    the second-last's in grad_W's first rows (where they fit: written only after that chunk's gradients)
+    on Hopper (compute capability 9.x, bf16 h), the kept chunks so (the first of them FIRST), then every other
+    one at once: vocab_ce_lse_gemm.py's Gluon kernel, the logits GEMM with the rows' max and sum in its
+                                       epilogue, and its merge into that running pair (two launches, no logits
+                                       written)
+  pass 2, the chunks in reverse (the kept ones' logits are still there: not computed again):
     z_k again                          cuBLAS
     dz_split_kernel (a program a block of columns and of rows): dz over z_k in place (as vocab_ce_cublas's
                                        dz_rows), its column sums in fp32 per block of rows
@@ -135,7 +140,7 @@ class CublasVocabLaunch(CublasCall):
 
     __slots__ = ("N", "C", "chunk", "mean", "ignore_index", "relu", "accumulate", "has_bias", "poison", "index",
                  "scale_launch", "steps", "final_launch", "n_buf", "o_lse", "o_part", "o_scale", "loss_like",
-                 "first_cx", "splits", "rows_per", "lse_gemm", "o_gl", "__weakref__")
+                 "first_cx", "splits", "rows_per", "lse_gemm", "kept", "kept_lse", "o_gl", "__weakref__")
 
     def __init__(self, N: int, C: int, chunk: int, mean: bool, ignore_index: int, relu: bool, accumulate: bool,
                  has_bias: bool, device: torch.device, poison: bool = False, block: int | None = None,
@@ -150,8 +155,9 @@ class CublasVocabLaunch(CublasCall):
         rows_per = -(-rows_per // br) * br
         S = -(-N // rows_per)
         lb = min(block or VLSE_BLOCK, triton.next_power_of_2(V))
-        self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
-                             num_warps=LSE_WARPS if cuda else 1)  # (the lse kernel's, less FIRST and LAST)
+        lse_cx = lambda first, last: dict(HAS_BIAS=has_bias, MEAN=mean, FIRST=first, LAST=last, BLOCK=lb,  # noqa: E731
+                                          GROUP=min(LSE_GROUP, lb), num_warps=LSE_WARPS if cuda else 1)
+        self.first_cx = {k: v for k, v in lse_cx(True, True).items() if k not in ("FIRST", "LAST")}  # (less those)
         # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
         # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731
@@ -162,22 +168,33 @@ class CublasVocabLaunch(CublasCall):
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
         hdt, b_ex, y, gb_ex = ex or (None,) * 4
-        self.lse_gemm = None
-        if cuda and D is not None and vocab_ce_lse_gemm.usable(device, hdt, D):
-            # (its scratch after the scale: the splits' pairs, then the targets' logits)
-            self.lse_gemm = vocab_ce_lse_gemm.LseGemm(N, C, D, mean, ignore_index, has_bias, device, launch, y)
+        # the first chunk holds what is left over, so the last (not computed twice: pass 2 starts there) is whole
+        bounds = [0] + list(range(C - (C - 1) // V * V, C + 1, V))
+        K = len(bounds) - 1
+        # the chunks whose logits stay from pass 1 to pass 2: the last, in the scratch, and without accumulate
+        # the one before it where they fit below its rows of grad_W (written only after its gradients, and
+        # the rows below it after that)
+        self.kept = 1 + (not accumulate and D is not None and K > 2 and N * V <= bounds[-3] * D)
+        self.lse_gemm, self.kept_lse = None, []
+        g = bounds[K - self.kept]  # (the Gluon pass's classes)
+        if cuda and D is not None and g > 0 and vocab_ce_lse_gemm.usable(device, hdt, D):
+            # the Gluon pass over the chunks not kept, after cuBLAS' logits of the kept ones (FIRST, not LAST);
+            # its scratch after the scale: the splits' pairs, then the targets' logits
+            self.lse_gemm = vocab_ce_lse_gemm.LseGemm(N, C, D, mean, ignore_index, has_bias, device, launch, y,
+                                                      classes=g)
             self.o_gl = pad(self.n_buf)
             self.n_buf = self.o_gl + self.lse_gemm.n_part
+            for v0, v1 in zip(bounds[K - self.kept:-1], bounds[K - self.kept + 1:]):
+                self.kept_lse.append(launch(chunk_lse_kernel, N, lse_cx(v0 == g, False),
+                                            lambda n=v1 - v0, v0=v0: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n,
+                                                                      ignore_index)))
         built, self.steps = {}, []
-        for v0 in range(0, C, V):
-            v1 = min(v0 + V, C)
+        for v0, v1 in zip(bounds, bounds[1:]):
             n, first, last = v1 - v0, v0 == 0, v1 == C
             # (v0's divisibility by 16 is part of what a direct launch was compiled for)
             key = (n, first, last, v0 % 16 == 0)
             if key not in built:
-                lcx = dict(HAS_BIAS=has_bias, MEAN=mean, FIRST=first, LAST=last, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
-                           num_warps=LSE_WARPS if cuda else 1)
-                a = launch(chunk_lse_kernel, N, lcx,
+                a = launch(chunk_lse_kernel, N, lse_cx(first, last),
                            lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n, ignore_index))
                 d = launch(dz_split_kernel, (-(-n // bc), S),
                            dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1),
@@ -214,9 +231,15 @@ class CublasVocabLaunch(CublasCall):
             if n not in zs:
                 zs[n] = z[: N * n].view(N, n)
             wk = weight[v0:v1]
-            views.append((wk, wk.t(), grad_weight[v0:v1], zs[n]))
-        fused = self.lse_gemm is not None and self.lse_gemm.takes(x, weight)
-        if fused:
+            views.append([wk, wk.t(), grad_weight[v0:v1], zs[n]])
+        K, kept = len(self.steps), self.kept
+        if kept == 2:  # the second-last chunk's logits in grad_W's first rows (grad_W: contiguous in h's dtype,
+            # as local_head_into and check_cublas_inputs ask)
+            views[K - 2][3] = grad_weight.view(-1)[: N * self.chunk].view(N, self.chunk)
+        if self.lse_gemm is not None and self.lse_gemm.takes(x, weight):
+            for (v0, v1, _, _), (_, wkt, _, zc), lse_k in zip(self.steps[K - kept:], views[K - kept:], self.kept_lse):
+                torch.mm(x, wkt, out=zc)
+                lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
             self.lse_gemm(stream, x, weight, bias, y, buf[self.o_gl:self.o_gl + self.lse_gemm.n_part], scale,
                           rows_loss, lse)
         else:
@@ -225,7 +248,7 @@ class CublasVocabLaunch(CublasCall):
                 lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
         for i, ((v0, v1, _, dz_k), (wk, wkt, gwk, zc)) in enumerate(zip(reversed(self.steps), reversed(views))):
             n = v1 - v0
-            if i or fused:  # (pass 1's last chunk of logits is still there)
+            if i >= kept:  # (the kept chunks' logits are still there from pass 1)
                 torch.mm(x, wkt, out=zc)
             dz_k(stream, zc, bias, y, lse, part, v0, n, N, C, rp, n)
             if self.accumulate:

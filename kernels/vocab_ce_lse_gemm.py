@@ -164,15 +164,17 @@ else:  # pragma: no cover
 class LseGemm:
     """The pass for one prepared call: `splits` (S, the partial rows a row gets) and the fp32 scratch it needs
     (`n_part`: merge_kernel's 3 S N); called as (stream, x, weight, bias or None, y, scratch, scale, rows_loss,
-    lse). launch: CublasCall.setup's, for the merge."""
+    lse). launch: CublasCall.setup's, for the merge. classes: the GEMM's classes [0, classes) of C, the rest's
+    running pair and target's logit already in lse and rows_loss (chunk_lse_kernel's; default: all C)."""
 
-    __slots__ = ("N", "C", "D", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
+    __slots__ = ("N", "C", "D", "classes", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
 
     def __init__(self, N: int, C: int, D: int, mean: bool, ignore_index: int, has_bias: bool, device: torch.device,
-                 launch, y_example):
+                 launch, y_example, classes: int | None = None):
         BM, BN, BK = TILE
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        vt = -(-C // BN)
+        self.classes = classes = C if classes is None else classes
+        vt = -(-classes // BN)
         # a program an SM (197 KB of shared memory), in one wave where the work allows (two waves took 0.246
         # against 0.241 ms at (4096, 512, 32000) on an H100); each program's two consumers give two splits
         self.tiles_per = max(1, -(-vt * -(-N // BM) // sms))
@@ -181,7 +183,8 @@ class LseGemm:
         self.layouts = (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16),
                         gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
         f32 = torch.float32
-        self.merge = launch(merge_kernel, -(-N // MERGE_BLOCK), dict(MEAN=mean, BLOCK=MERGE_BLOCK, num_warps=4),
+        self.merge = launch(merge_kernel, -(-N // MERGE_BLOCK),
+                            dict(MEAN=mean, INIT=classes < C, BLOCK=MERGE_BLOCK, num_warps=4),
                             lambda: (f32, y_example, f32, f32, f32, self.splits, N, C, ignore_index))
 
     @property
@@ -195,10 +198,10 @@ class LseGemm:
 
     def __call__(self, stream, x, weight, bias, y, scratch, scale, rows_loss, lse):
         BM, BN, BK = TILE
-        N, C, D = self.N, self.C, self.D
+        N, C, D, V = self.N, self.C, self.D, self.classes
         xd = TensorDescriptor(x, [N, D], [x.stride(0), 1], [BM, BK], self.layouts[0])
-        wd = TensorDescriptor(weight, [C, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
+        wd = TensorDescriptor(weight, [V, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
         lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, scratch, N,
-                                                         C, self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
+                                                         V, self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
                                                          NB=STAGES, num_warps=WARPS, maxnreg=MAXNREG)
         self.merge(stream, scratch, y, scale, rows_loss, lse, self.splits, N, C, self.ignore_index)

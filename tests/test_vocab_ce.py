@@ -257,6 +257,36 @@ def test_cublas_vocab_chunks_launches(bias, monkeypatch, device):
         ("colsum_loss_kernel", (-(-1000 // COLSUM_BLOCK) if bias else 1,))]
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_cublas_vocab_chunks_keeps_two_chunks_of_logits(accumulate, monkeypatch, device):
+    # 1000 classes in 128s: a first chunk of 104 (what is left over), then 7 whole. Pass 2 starts with the chunks
+    # whose logits stay from pass 1: the last (the scratch) and, unless grad_W is added to, the one before it
+    # (in grad_W's first rows): 8 + 6 logits GEMMs, not 8 + 7. grad_W poisoned (NaN) before a call that writes
+    # it; every output the reference's.
+    from erase_triton.functional import local_head_into
+    from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import CublasVocabLaunch
+    from erase_triton import reference
+    N, D, C = 64, 40, 1000
+    acc = accumulate
+    assert CublasVocabLaunch(N, C, 128, True, -100, False, acc, True, torch.device(device), D=D).kept == 1 + (not acc)
+    h, w, b, y = make("ce", N, D, C, torch.float32, True, device)
+    gw = torch.full_like(w, 0.0 if acc else float("nan"))
+    gb = torch.zeros_like(b)
+    logits = []
+    real = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, c, **kw: (kw.get("out") is not None and kw["out"].shape[0] == N
+                                                          and kw["out"].shape[1] != D and logits.append(1))
+                        or real(a, c, **kw))
+    loss, grad_h = local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
+                                   config=LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=128),
+                                   grad_weight=gw, grad_bias=gb, accumulate=acc)
+    monkeypatch.setattr(torch, "mm", real)
+    assert len(logits) == 8 + 7 - (not acc)
+    ref = reference.local_head(h.double(), w.double(), b.double(), y, loss="ce")
+    for got, want in ((loss, ref.loss), (grad_h, ref.grad_h), (gw, ref.grad_weight), (gb, ref.grad_bias)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("C", [1000, 1025])
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
 @pytest.mark.parametrize("bias,two_pass", [(False, None), (True, None), (False, True), (True, True)])
@@ -411,11 +441,12 @@ def test_cublas_in_place_is_reproducible_and_refuses_what_it_cannot_hold(device)
 
 # cublas_vocab_chunks' Gluon pass 1 on Hopper (kernels/vocab_ce_lse_gemm.py). Gluon does not run in the
 # interpreter: its GEMM kernel is compiled for sm_90a here (and run by tests/test_gpu.py), its merge runs here.
-@pytest.mark.parametrize("mean", [True, False])
-def test_lse_merge_kernel_matches_torch(mean, device):
+@pytest.mark.parametrize("mean,init", [(True, False), (False, False), (True, True)])
+def test_lse_merge_kernel_matches_torch(mean, init, device):
     # merge_kernel (vocab_ce_cublas.py, which the Gluon pass shares with cublas_in_place) on 70 rows (the last
     # block short at a 64-row block) and 19 splits of per-split base-2 (max, sum) and the targets' logits where
-    # their split holds them; an ignored row, a bad id
+    # their split holds them; an ignored row, a bad id. init: the last split's pair and logit are instead the
+    # running ones already in lse and rows_loss (what chunk_lse_kernel leaves of a first chunk)
     from erase_triton.kernels.vocab_ce_cublas import merge_kernel
     torch.manual_seed(0)
     N, C, S = 70, 1900, 19
@@ -427,10 +458,14 @@ def test_lse_merge_kernel_matches_torch(mean, device):
     s = torch.exp2(u - m[..., None]).sum(2)
     held = y.clamp(0, C - 1)[:, None] // (C // S) == torch.arange(S, device=device)[None, :]
     zt = torch.where(held & (y[:, None] >= 0) & (y[:, None] < C), z.gather(1, y.clamp(0, C - 1)[:, None]), 0.0)
-    part = torch.cat([m.t().reshape(-1), s.t().reshape(-1), zt.t().reshape(-1)])
     scale = torch.tensor([1 / 68.0], device=device)
     rows_loss, lse = torch.empty(N, device=device), torch.empty(2 * N, device=device)
-    merge_kernel[(triton.cdiv(N, 64),)](part, y, scale, rows_loss, lse, S, N, C, -100, MEAN=mean, BLOCK=64)
+    if init:
+        lse[:N], lse[N:], rows_loss[:] = m[:, -1], s[:, -1], zt[:, -1]
+        m, s, zt, S = m[:, :-1], s[:, :-1], zt[:, :-1], S - 1
+    part = torch.cat([m.t().reshape(-1), s.t().reshape(-1), zt.t().reshape(-1)])
+    merge_kernel[(triton.cdiv(N, 64),)](part, y, scale, rows_loss, lse, S, N, C, -100, MEAN=mean, INIT=init,
+                                        BLOCK=64)
     zt = z.gather(1, y.clamp(0, C - 1)[:, None])[:, 0]
     ref = torch.logsumexp(z.double(), 1)
     ok = torch.ones(N, dtype=torch.bool, device=device)
@@ -457,10 +492,12 @@ def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
     assert int(got["shared"]) <= 227 * 1024 and int(got["threads"]) * int(got["regs"]) <= 65536
 
 
-def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device):
+@pytest.mark.parametrize("classes", [None, 700])
+def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(classes, monkeypatch, device):
     # LseGemm's host side on the CPU, with a stand-in for the Gluon kernel that writes what the kernel would (each
     # consumer's max, sum and target's logit over its alternate tiles of a split) into the scratch it is handed:
-    # the merge then leaves every row's lse, factor and loss in place
+    # the merge then leaves every row's lse, factor and loss in place. classes=700: the kernel gets classes
+    # [0, 700), the rest's running pair and targets' logits are in lse and rows_loss before the call
     from erase_triton.kernels import vocab_ce_lse_gemm as lg
     from erase_triton.kernels.direct import KernelLaunch
     torch.manual_seed(0)
@@ -479,8 +516,8 @@ def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device
                 u = z * 1.4426950408889634
                 for split in range(grid[1]):
                     for cons in (0, 1):
-                        cols = [k for t in range(split * tiles_per + cons, min((split + 1) * tiles_per, -(-C // BN)), 2)
-                                for k in range(t * BN, min(t * BN + BN, C))]
+                        cols = [k for t in range(split * tiles_per + cons, min((split + 1) * tiles_per, -(-c // BN)), 2)
+                                for k in range(t * BN, min(t * BN + BN, c))]
                         m = u[:, cols].amax(1)
                         o = (2 * split + cons) * N
                         part[o:o + N] = m
@@ -492,14 +529,20 @@ def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(monkeypatch, device
     monkeypatch.setattr(lg, "lse_gemm_kernel", Kernel())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 3}))
     launch = lambda kernel, grid, cx, args: KernelLaunch(kernel, grid, cx)  # noqa: E731
-    lse_gemm = lg.LseGemm(N, C, D, True, -100, False, torch.device(device), launch, y)
-    # 8 vocabulary tiles x 3 row tiles over 3 SMs: 8 tiles a split, one split (two consumers' pairs)
-    assert (lse_gemm.tiles_per, lse_gemm.splits) == (8, 2)
+    lse_gemm = lg.LseGemm(N, C, D, True, -100, False, torch.device(device), launch, y, classes=classes)
+    V = classes or C
+    # 8 (6) vocabulary tiles x 3 row tiles over 3 SMs: 8 (6) tiles a split, one split (two consumers' pairs)
+    assert (lse_gemm.tiles_per, lse_gemm.splits) == (-(-V // lg.TILE[1]), 2)
     scratch = torch.full((lse_gemm.n_part,), float("nan"), device=device)
     scale = torch.tensor([1 / N], device=device)
     rows_loss, lse = torch.empty(N, device=device), torch.empty(2 * N, device=device)
+    if classes:  # the rest's base-2 max and sum, and the targets' logits where they are there
+        u = z[:, V:] * 1.4426950408889634
+        lse[:N] = u.amax(1)
+        lse[N:] = torch.exp2(u - lse[:N, None]).sum(1)
+        rows_loss[:] = torch.where(y >= V, z.gather(1, y[:, None])[:, 0], 0.0)
     lse_gemm(None, x, w, None, y, scratch, scale, rows_loss, lse)
-    assert seen["grid"] == (3, 1) and seen["shapes"] == ([N, D], [C, D]) and seen["cx"]["KS"] == 1
+    assert seen["grid"] == (3, 1) and seen["shapes"] == ([N, D], [V, D]) and seen["cx"]["KS"] == 1
     ref = torch.logsumexp(z.double(), 1)
     torch.testing.assert_close(lse[:N].double(), ref * 1.4426950408889634, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(rows_loss.double(), ref - z.gather(1, y[:, None])[:, 0].double(), rtol=1e-5,
