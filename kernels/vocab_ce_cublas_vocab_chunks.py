@@ -4,9 +4,10 @@ GEMMs and two Triton kernels a chunk of columns, in a scratch of N rows x `chunk
 "cublas" (vocab_ce_cublas.py) takes chunks of rows: three GEMMs, but each chunk's logits span the whole
 vocabulary, so its scratch holds at least CUBLAS_MIN_ROWS x C values (62.5 MiB at C = 32000) and grad_W is
 read and written once a chunk. Here a chunk holds every row and `chunk` classes, so the logits are computed
-twice (but for the one or two chunks kept): once for the rows' log-sum-exp, once for dz. What that buys: a scratch of any size, grad_W and grad_b
-written once (each chunk owns its rows of them), and only grad_h (N x D) added to across chunks. For a
-narrow h (small D) the extra GEMM is cheap and the scratch is the largest thing a call allocates.
+twice (but for the one or two chunks kept): once for the rows' log-sum-exp, once for dz. What that buys: a
+scratch of any size, grad_W and grad_b written once (each chunk owns its rows of them), and only grad_h
+(N x D) added to across chunks. For a narrow h (small D) the extra GEMM is cheap and the scratch is the
+largest thing a call allocates.
 
   mean_scale_kernel                    1 / the rows not ignored (a mean)
   chunks: `chunk` classes each, but the first, which holds what is left over (the last is whole)

@@ -208,8 +208,9 @@ def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
     for name, a, c, r in list(zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs, ref))[1:]:
         assert rel_err(a, r) <= 1.2 * rel_err(c, r) + 1e-6, name
         assert rel_err(a, c) < 1e-2, name
-    # the loss: the Gluon pass's logits fp32, the last chunk's (2048 classes: cuBLAS', kept for pass 2) bf16;
-    # the float64 loss of those logits is its own to the fp32 sums' rounding
+    # the loss: the Gluon pass's logits fp32, the last chunk's (2048 classes: cuBLAS', kept for pass 2; the
+    # second-last's do not fit below its rows of grad_W) bf16; the float64 loss of those logits is its own to
+    # the fp32 sums' rounding
     z = h.double() @ w.double().t()
     z[:, C - 2048:] = z[:, C - 2048:].to(torch.bfloat16).double()
     z += b.double()

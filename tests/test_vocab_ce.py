@@ -267,10 +267,10 @@ def test_cublas_vocab_chunks_keeps_two_chunks_of_logits(accumulate, monkeypatch,
     from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import CublasVocabLaunch
     from erase_triton import reference
     N, D, C = 64, 40, 1000
-    acc = accumulate
-    assert CublasVocabLaunch(N, C, 128, True, -100, False, acc, True, torch.device(device), D=D).kept == 1 + (not acc)
+    launch = CublasVocabLaunch(N, C, 128, True, -100, False, accumulate, True, torch.device(device), D=D)
+    assert launch.kept == 2 - accumulate
     h, w, b, y = make("ce", N, D, C, torch.float32, True, device)
-    gw = torch.full_like(w, 0.0 if acc else float("nan"))
+    gw = torch.full_like(w, 0.0 if accumulate else float("nan"))
     gb = torch.zeros_like(b)
     logits = []
     real = torch.mm
@@ -279,9 +279,9 @@ def test_cublas_vocab_chunks_keeps_two_chunks_of_logits(accumulate, monkeypatch,
                         or real(a, c, **kw))
     loss, grad_h = local_head_into(h, w, b, y, loss="ce", reduction="mean", ignore_index=-100, backend="triton",
                                    config=LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=128),
-                                   grad_weight=gw, grad_bias=gb, accumulate=acc)
+                                   grad_weight=gw, grad_bias=gb, accumulate=accumulate)
     monkeypatch.setattr(torch, "mm", real)
-    assert len(logits) == 8 + 7 - (not acc)
+    assert len(logits) == 8 + 7 - (not accumulate)
     ref = reference.local_head(h.double(), w.double(), b.double(), y, loss="ce")
     for got, want in ((loss, ref.loss), (grad_h, ref.grad_h), (gw, ref.grad_weight), (gb, ref.grad_bias)):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
