@@ -237,16 +237,16 @@ class CublasVocabLaunch(CublasCall):
         if kept == 2:  # the second-last chunk's logits in grad_W's first rows (grad_W: contiguous in h's dtype,
             # as local_head_into and check_cublas_inputs ask)
             views[K - 2][3] = grad_weight.view(-1)[: N * self.chunk].view(N, self.chunk)
-        if self.lse_gemm is not None and self.lse_gemm.takes(x, weight):
-            for (v0, v1, _, _), (_, wkt, _, zc), lse_k in zip(self.steps[K - kept:], views[K - kept:], self.kept_lse):
-                torch.mm(x, wkt, out=zc)
-                lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
+        # pass 1: with the Gluon pass, cuBLAS' logits of the kept chunks only (their own lse launches), else of all
+        fused = self.lse_gemm is not None and self.lse_gemm.takes(x, weight)
+        first = K - kept if fused else 0
+        lse_ks = self.kept_lse if fused else [step[2] for step in self.steps]
+        for (v0, v1, _, _), (_, wkt, _, zc), lse_k in zip(self.steps[first:], views[first:], lse_ks):
+            torch.mm(x, wkt, out=zc)
+            lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
+        if fused:
             self.lse_gemm(stream, x, weight, bias, y, buf[self.o_gl:self.o_gl + self.lse_gemm.n_part], scale,
                           rows_loss, lse)
-        else:
-            for (v0, v1, lse_k, _), (_, wkt, _, zc) in zip(self.steps, views):
-                torch.mm(x, wkt, out=zc)
-                lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
         for i, ((v0, v1, _, dz_k), (wk, wkt, gwk, zc)) in enumerate(zip(reversed(self.steps), reversed(views))):
             n = v1 - v0
             if i >= kept:  # (the kept chunks' logits are still there from pass 1)
