@@ -169,6 +169,10 @@ class CublasVocabLaunch(CublasCall):
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
         hdt, b_ex, y, gb_ex = ex or (None,) * 4
+
+        def lse_launch(v0, n, first, last):  # chunk_lse_kernel over classes [v0, v0 + n)
+            return launch(chunk_lse_kernel, N, lse_cx(first, last),
+                          lambda: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n, ignore_index))
         # the first chunk holds what is left over, so the last (not computed twice: pass 2 starts there) is whole
         bounds = [0] + list(range(C - (C - 1) // V * V, C + 1, V))
         K = len(bounds) - 1
@@ -186,17 +190,14 @@ class CublasVocabLaunch(CublasCall):
             self.o_gl = pad(self.n_buf)
             self.n_buf = self.o_gl + self.lse_gemm.n_part
             for v0, v1 in zip(bounds[K - self.kept:-1], bounds[K - self.kept + 1:]):
-                self.kept_lse.append(launch(chunk_lse_kernel, N, lse_cx(v0 == g, False),
-                                            lambda n=v1 - v0, v0=v0: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n,
-                                                                      ignore_index)))
+                self.kept_lse.append(lse_launch(v0, v1 - v0, v0 == g, False))
         built, self.steps = {}, []
         for v0, v1 in zip(bounds, bounds[1:]):
             n, first, last = v1 - v0, v0 == 0, v1 == C
             # (v0's divisibility by 16 is part of what a direct launch was compiled for)
             key = (n, first, last, v0 % 16 == 0)
             if key not in built:
-                a = launch(chunk_lse_kernel, N, lse_cx(first, last),
-                           lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, f32, v0, n, N, C, n, ignore_index))
+                a = lse_launch(v0, n, first, last)
                 d = launch(dz_split_kernel, (-(-n // bc), S),
                            dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1),
                            lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
