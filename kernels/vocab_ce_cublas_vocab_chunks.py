@@ -25,7 +25,8 @@ largest thing a call allocates.
   pass 2, the chunks in reverse (the kept ones' logits are still there: not computed again):
     z_k again                          cuBLAS
     dz_split_kernel (a program a block of columns and of rows): dz over z_k in place (as vocab_ce_cublas's
-                                       dz_rows), its column sums in fp32 per block of rows
+                                       dz_rows), its column sums in fp32 per block of rows; without a bias
+                                       dz_band_kernel (a program a block of rows, along them), no sums
     grad_W[v0:v1] = dz^T relu?(h)      cuBLAS, written once (addmm where the call accumulates)
     grad_h (+)= dz W[v0:v1]            cuBLAS into an fp32 [N, D] sum (a 16-bit grad_h rounded once a
                                        chunk: 2.8x eager's error at 11 chunks), rounded once at the end
@@ -42,14 +43,16 @@ import triton.language as tl
 
 from .common import ce_rows, grad_scale
 from . import vocab_ce_lse_gemm
-from .vocab_ce_cublas import LN2, LSE_GROUP, LSE_WARPS, CublasCall, dz_rows, loss_total, row_max_sum
+from .vocab_ce_cublas import LN2, LOG2E, LSE_GROUP, LSE_WARPS, CublasCall, dz_rows, loss_total, row_max_sum
 
-__all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_split_kernel"]
+__all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_band_kernel", "dz_split_kernel"]
 
 # chunk_lse_kernel's block (columns a load); dz_split_kernel's blocks of rows per block of columns and its tile;
 # of those tried at (4096, 512, 32000) bf16 on an H100 the fastest (blocks 1024-4096 level; 4, 8 and 16 splits;
 # tiles 32 x 256 x 8 warps, 64 x 128 x 8, 64 x 64 x 4)
 VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
+# dz_band_kernel's tile (rows, columns, warps), without a bias
+VDZ_BAND_TILE = (8, 512, 4)
 
 
 @triton.jit
@@ -112,6 +115,27 @@ def dz_split_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_pe
 
 
 @triton.jit
+def dz_band_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per, stride_z,
+                   HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # without a bias (no column sums): dz over z in place for rows [pid * BLOCK_R, +BLOCK_R) and the chunk's n
+    # classes in blocks of BLOCK_C, so a program's loads run along its rows (dz_split_kernel's arguments, the
+    # bias, sums and split unused)
+    tl.static_assert(not HAS_BIAS)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mr = rows < N
+    lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
+    f = tl.load(lse_ptr + N + rows, mask=mr, other=0.0)
+    tc = tl.load(y_ptr + rows, mask=mr, other=-1) - v0
+    base = z_ptr + rows[:, None].to(tl.int64) * stride_z
+    for c0 in range(0, n, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        m = mr[:, None] & (cols < n)[None, :]
+        z = tl.load(base + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(cols[None, :] == tc[:, None], 1.0, 0.0))
+        tl.store(base + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def colsum_loss_kernel(part_ptr, S, C, grad_bias_ptr, rows_loss_ptr, N, scale_ptr, loss_ptr, HAS_BIAS: tl.constexpr,
                        ACCUMULATE: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
     # grad_b for a block of classes: the S blocks of rows' fp32 sums in order, rounded once (added to grad_b in
@@ -134,7 +158,8 @@ class CublasVocabLaunch(CublasCall):
     `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
 
     C classes in chunks of `chunk` (every N rows each). block: chunk_lse_kernel's columns a load
-    (LaunchConfig.block_v); splits: dz_split_kernel's blocks of rows; dz_tile (rows, columns, warps), for tuning.
+    (LaunchConfig.block_v); splits: dz_split_kernel's blocks of rows; dz_tile (rows, columns, warps): its tile, or
+    without a bias dz_band_kernel's, for tuning.
     D: h's width, which decides (with the device and h's dtype) whether pass 1 is the Gluon kernel.
     example (CUDA): (h's dtype, bias, y, grad_bias) of the signature being prepared: the Triton kernels are
     compiled for them here and launched directly (kernels/direct.py); without it, `kernel[grid](...)`."""
@@ -152,6 +177,7 @@ class CublasVocabLaunch(CublasCall):
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
         cuda = example is not None
         br, bc, dw = dz_tile or VDZ_TILE
+        band = dz_tile or VDZ_BAND_TILE
         rows_per = -(-N // (splits or DZ_SPLITS))
         rows_per = -(-rows_per // br) * br
         S = -(-N // rows_per)
@@ -198,9 +224,14 @@ class CublasVocabLaunch(CublasCall):
             key = (n, first, last, v0 % 16 == 0)
             if key not in built:
                 a = lse_launch(v0, n, first, last)
-                d = launch(dz_split_kernel, (-(-n // bc), S),
-                           dict(HAS_BIAS=has_bias, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1),
-                           lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
+                dz_args = lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n)  # noqa: E731
+                if has_bias:
+                    d = launch(dz_split_kernel, (-(-n // bc), S),
+                               dict(HAS_BIAS=True, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1), dz_args)
+                else:
+                    d = launch(dz_band_kernel, -(-N // band[0]),
+                               dict(HAS_BIAS=False, BLOCK_R=band[0], BLOCK_C=band[1],
+                                    num_warps=band[2] if cuda else 1), dz_args)
                 built[key] = (a, d)
             self.steps.append((v0, v1) + built[key])
         self.final_launch = launch(colsum_loss_kernel, -(-C // COLSUM_BLOCK) if has_bias else 1,

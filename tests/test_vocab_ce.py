@@ -242,16 +242,17 @@ def test_cublas_vocab_takes_chunks_of_rows(monkeypatch, device):
 @pytest.mark.parametrize("bias", [True, False])
 def test_cublas_vocab_chunks_launches(bias, monkeypatch, device):
     # 1000 classes in chunks of 512: the lse kernel over 512 then 488 classes (one program a row), dz over each
-    # chunk in blocks of columns x DZ_SPLITS blocks of rows, and one launch for grad_b (blocks of COLSUM_BLOCK
-    # classes) and the loss
-    from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import COLSUM_BLOCK, DZ_SPLITS, VDZ_TILE
+    # chunk in blocks of columns x DZ_SPLITS blocks of rows (without a bias: in blocks of rows along them), and
+    # one launch for grad_b (blocks of COLSUM_BLOCK classes) and the loss
+    from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import COLSUM_BLOCK, DZ_SPLITS, VDZ_BAND_TILE, VDZ_TILE
 
     launched = _spy_cublas_kernels(monkeypatch)
     check("ce", 300, 40, 1000, torch.float32, bias, None, device,
           config=LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=500))
     rows_per = -(-(-(-300 // DZ_SPLITS)) // VDZ_TILE[0]) * VDZ_TILE[0]
     splits = -(-300 // rows_per)
-    dz = lambda n: ("dz_split_kernel", (-(-n // VDZ_TILE[1]), splits, 1))  # noqa: E731
+    dz = lambda n: (("dz_split_kernel", (-(-n // VDZ_TILE[1]), splits, 1)) if bias  # noqa: E731
+                    else ("dz_band_kernel", (-(-300 // VDZ_BAND_TILE[0]),)))
     assert [(n, g) for n, g, _ in launched] == [
         ("mean_scale_kernel", (1,)), ("chunk_lse_kernel", (300,)), ("chunk_lse_kernel", (300,)), dz(488), dz(512),
         ("colsum_loss_kernel", (-(-1000 // COLSUM_BLOCK) if bias else 1,))]
