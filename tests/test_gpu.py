@@ -88,20 +88,21 @@ def test_kernel_at_scale(loss, N, D, C, dtype):
     check_at_scale(loss, N, D, C, dtype)
 
 
-def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None, **config):
+def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None, bias=True, **config):
     g = torch.Generator(device=dev).manual_seed(0)
     h = torch.randn(N, D, device=dev, generator=g).to(dtype)
     w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(dtype)
-    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(dtype)
+    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(dtype) if bias else None
     if loss == "ce":
         y = torch.randint(0, C, (N,), device=dev, generator=g)
         y[3::7] = -100
     else:
         y = torch.rand(N, C, device=dev, generator=g).round()
     same = reference.local_head(h, w, b, y, loss=loss, activation=activation)
-    ref = reference.local_head(h.double(), w.double(), b.double(), y if loss == "ce" else y.double(), loss=loss,
+    bd = b.double() if bias else None
+    ref = reference.local_head(h.double(), w.double(), bd, y if loss == "ce" else y.double(), loss=loss,
                                activation=activation)
-    z = F.linear(F.relu(h.double()) if activation == "relu" else h.double(), w.double(), b.double()).requires_grad_()
+    z = F.linear(F.relu(h.double()) if activation == "relu" else h.double(), w.double(), bd).requires_grad_()
     head_loss(z, y if loss == "ce" else y.double(), loss, "mean", -100).backward()
     dz_abs_sum = z.grad.abs().sum(0)  # per class: the scale of grad_bias's float32 rounding
     det = et.LaunchConfig(occupancy=occupancy, deterministic=True, **config)
@@ -110,7 +111,7 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None, **conf
         out = fused_local_head(h, w, b, y, loss=loss, config=cfg, activation=activation)
         if activation == "relu":
             assert (out.grad_h[h <= 0] == 0).all(), "grad_h not zero where h <= 0"
-        for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, same, ref):
+        for name, o, s, r in zip(("loss", "grad_h", "grad_weight", "grad_bias")[:3 + bias], out, same, ref):
             eo, es = rel_err(o, r), rel_err(s, r)
             bound = 2 * es + (1e-5 if dtype == torch.float32 else 1e-2)
             if name == "grad_bias" and dtype == torch.float32 and eo > bound:
@@ -123,7 +124,7 @@ def check_at_scale(loss, N, D, C, dtype, occupancy=None, activation=None, **conf
                 continue
             assert eo <= bound, f"{name}: rel err {eo:.3g} vs torch {es:.3g}"
     again = fused_local_head(h, w, b, y, loss=loss, config=det, activation=activation)
-    for o, a in zip(out, again):
+    for o, a in zip(out[:3 + bias], again):
         assert torch.equal(o, a), "not bitwise deterministic"
 
 
@@ -168,16 +169,18 @@ def test_cublas_vocab_path_at_scale(N, D, C, dtype, occupancy, chunk, activation
     assert {p.kind for p in klh._PLANS.values()} == {"cublas"}
 
 
-@pytest.mark.parametrize("N,D,C,dtype,chunk,activation", [
-    (4096, 512, 32000, torch.bfloat16, None, None),  # the rule's 10 chunks of 3200 classes
-    (2048, 256, 131072, torch.bfloat16, None, "relu"),
-    (3001, 130, 1000, torch.float32, 512, None),  # 512 + 488 classes, rows not a multiple of the dz blocks
-    (4099, 1024, 50257, torch.bfloat16, 4096, "relu"),  # odd C: a last chunk of 1105 classes
-    (3001, 520, 5000, torch.bfloat16, 1024, None),  # Hopper's Gluon pass 1: a short row tile, a K step past D
+@pytest.mark.parametrize("N,D,C,dtype,chunk,activation,bias", [
+    (4096, 512, 32000, torch.bfloat16, None, None, True),  # the rule's 10 chunks of 3200 classes
+    (4096, 512, 32000, torch.bfloat16, 2816, None, False),  # without a bias: dz_band_kernel
+    (2048, 256, 131072, torch.bfloat16, None, "relu", True),
+    (3001, 130, 1000, torch.float32, 512, None, True),  # 512 + 488 classes, rows not a multiple of the dz blocks
+    (3001, 130, 1000, torch.float32, 512, None, False),  # (and of dz_band_kernel's)
+    (4099, 1024, 50257, torch.bfloat16, 4096, "relu", True),  # odd C: a last chunk of 1105 classes
+    (3001, 520, 5000, torch.bfloat16, 1024, None, True),  # Hopper's Gluon pass 1: a short row tile, a K step past D
 ])
-def test_cublas_vocab_chunks_path_at_scale(N, D, C, dtype, chunk, activation):
+def test_cublas_vocab_chunks_path_at_scale(N, D, C, dtype, chunk, activation, bias):
     klh._PLANS.clear()
-    check_at_scale("ce", N, D, C, dtype, None, activation, vocab_path="cublas_vocab_chunks", chunk_size=chunk)
+    check_at_scale("ce", N, D, C, dtype, None, activation, bias, vocab_path="cublas_vocab_chunks", chunk_size=chunk)
     assert {p.kind for p in klh._PLANS.values()} == {"cublas_vocab_chunks"}
 
 
