@@ -12,9 +12,12 @@ the kernel time of one call (torch profiler over three calls: graphed_ms less th
 --chunks: `cublas` at those chunk sizes (rows); --vocab-chunks: `cublas_vocab_chunks` at those (classes);
 --paths: other vocabulary paths at their own chunk rule (cublas_vocab_chunks on Hopper twice: with its Gluon
 pass 1, the default there, and with its cuBLAS one).
+Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
+PyTorch one ("torch bias=None"), the baseline of those twins.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
 peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
-estimate: a ratio within one round cancels drift slower than the round), issued and graphed.
+estimate: a ratio within one round cancels drift slower than the round), issued and graphed; a variant
+without a bias over eager without one ("torch bias=None"; torch.compile's is of the bias's call).
 """
 from __future__ import annotations
 
@@ -117,9 +120,11 @@ def main():
             variants[f"ours-{p} cuBLAS pass 1"] = without_lse_gemm(
                 ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p, chunk_size=chunk)))
     for cs in vocab_chunks:
-        variants[f"ours-cublas_vocab_chunks chunk_size={cs}"] = ours_fn(
-            "ce", h, w, b, y, LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs))
+        cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
+        variants[f"ours-cublas_vocab_chunks chunk_size={cs}"] = ours_fn("ce", h, w, b, y, cfg)
+        variants[f"ours-cublas_vocab_chunks chunk_size={cs} bias=None"] = ours_fn("ce", h, w, None, y, cfg)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
+    variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
         fn()
     mb = {name: peak_mb(fn, fresh_stream=True, cublas_warm=True) for name, fn in variants.items()}
@@ -146,9 +151,10 @@ def main():
                  graphed_ms=statistics.median(r["graphed_ms"] for r in per[n]),
                  kernel_ms=statistics.median(r["kernel_ms"] for r in per[n]), peak_mb_cublas_warm=mb[n])
         for base in ("torch", "torch.compile"):
-            s[f"over_{base}"] = statistics.median(a["ms"] / c["ms"] for a, c in zip(per[n], per[base]))
+            ref = per["torch bias=None" if base == "torch" and n.endswith("bias=None") else base]
+            s[f"over_{base}"] = statistics.median(a["ms"] / c["ms"] for a, c in zip(per[n], ref))
             s[f"graphed_over_{base}"] = statistics.median(a["graphed_ms"] / c["graphed_ms"]
-                                                          for a, c in zip(per[n], per[base]))
+                                                          for a, c in zip(per[n], ref))
         summary.append(s)
     print_table(summary, ["variant", "median_ms", "min_ms", "max_ms", "graphed_ms", "kernel_ms", "peak_mb_cublas_warm",
                           "over_torch", "over_torch.compile", "graphed_over_torch", "graphed_over_torch.compile"])
