@@ -224,14 +224,10 @@ class CublasVocabLaunch(CublasCall):
             key = (n, first, last, v0 % 16 == 0)
             if key not in built:
                 a = lse_launch(v0, n, first, last)
-                dz_args = lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n)  # noqa: E731
-                if has_bias:
-                    d = launch(dz_split_kernel, (-(-n // bc), S),
-                               dict(HAS_BIAS=True, BLOCK_R=br, BLOCK_C=bc, num_warps=dw if cuda else 1), dz_args)
-                else:
-                    d = launch(dz_band_kernel, -(-N // band[0]),
-                               dict(HAS_BIAS=False, BLOCK_R=band[0], BLOCK_C=band[1],
-                                    num_warps=band[2] if cuda else 1), dz_args)
+                dz, grid, (r, c, wp) = ((dz_split_kernel, (-(-n // bc), S), (br, bc, dw)) if has_bias
+                                        else (dz_band_kernel, -(-N // band[0]), band))
+                d = launch(dz, grid, dict(HAS_BIAS=has_bias, BLOCK_R=r, BLOCK_C=c, num_warps=wp if cuda else 1),
+                           lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
                 built[key] = (a, d)
             self.steps.append((v0, v1) + built[key])
         self.final_launch = launch(colsum_loss_kernel, -(-C // COLSUM_BLOCK) if has_bias else 1,
