@@ -55,6 +55,13 @@ LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def ce_dz(z, f, lse2, hit):
+    # the CE gradient of logits z (fp32, without log2(e)) given each row's base-2 lse and factor f, broadcast to
+    # z's shape by the caller, and hit (z's shape): where the class is the row's target
+    return f * (tl.exp2(z * LOG2E - lse2) - tl.where(hit, 1.0, 0.0))
+
+
+@triton.jit
 def softmax_dz_kernel(z_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_index, MEAN: tl.constexpr,
                       BLOCK: tl.constexpr):
     # row r of the chunk (no bias, C <= BLOCK): z in, dz out, in place, the row held in registers between its lse
@@ -74,7 +81,7 @@ def softmax_dz_kernel(z_ptr, y_ptr, scale_ptr, loss_ptr, C, stride_z, ignore_ind
     mx = tl.max(z, 0) * LOG2E
     lse2 = mx + tl.log2(tl.sum(tl.exp2(z * LOG2E - mx), 0))
     zt = tl.sum(tl.where(o == t, z, 0.0), 0)
-    dz = f * (tl.exp2(z * LOG2E - lse2) - tl.where(o == t, 1.0, 0.0))
+    dz = ce_dz(z, f, lse2, o == t)
     tl.store(row + o, dz.to(z_ptr.dtype.element_ty), mask=mc)
     tl.store(loss_ptr + r, tl.where(counts, lse2 * LN2 - zt, 0.0) + bad)
 
@@ -143,7 +150,7 @@ def dz_rows(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r_lo, r
         ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
         m = mr[:, None] & mc[None, :]
         z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32) + bias[None, :]
-        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(classes[None, :] == t[:, None], 1.0, 0.0))
+        dz = ce_dz(z, f[:, None], lse2[:, None], classes[None, :] == t[:, None])
         tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
         if HAS_BIAS:
             acc += tl.where(m, dz, 0.0)

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .vocab_ce_cublas import LOG2E, MERGE_BLOCK, CublasCall, loss_total, merge_kernel
+from .vocab_ce_cublas import LOG2E, MERGE_BLOCK, CublasCall, ce_dz, loss_total, merge_kernel
 from .vocab_ce_cublas_vocab_chunks import _sum_mm
 
 __all__ = ["CublasInPlaceLaunch", "dz_t_kernel", "lse_t_kernel"]
@@ -121,7 +121,7 @@ def dz_t_kernel(t_ptr, g_ptr, b_ptr, y_ptr, lse_ptr, grad_bias_ptr, rows_loss_pt
         ptrs = base + tl.arange(0, BLOCK_C)[:, None].to(tl.int64) * N + rows[None, :]
         m = mc[:, None] & mr[None, :]
         z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32) + bias[:, None]
-        dz = f[None, :] * (tl.exp2(z * LOG2E - lse2[None, :]) - tl.where(cls[:, None] == t[None, :], 1.0, 0.0))
+        dz = ce_dz(z, f[None, :], lse2[None, :], cls[:, None] == t[None, :])
         tl.store(ptrs, dz.to(t_ptr.dtype.element_ty), mask=m)
         if HAS_BIAS:
             acc += tl.where(m, dz, 0.0)

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .common import ce_rows, grad_scale
 from . import vocab_ce_lse_gemm
-from .vocab_ce_cublas import LN2, LOG2E, LSE_GROUP, LSE_WARPS, CublasCall, dz_rows, loss_total, row_max_sum
+from .vocab_ce_cublas import LN2, LSE_GROUP, LSE_WARPS, CublasCall, ce_dz, dz_rows, loss_total, row_max_sum
 
 __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_band_kernel", "dz_split_kernel"]
 
@@ -131,7 +131,7 @@ def dz_band_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per
         cols = c0 + tl.arange(0, BLOCK_C)
         m = mr[:, None] & (cols < n)[None, :]
         z = tl.load(base + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        dz = f[:, None] * (tl.exp2(z * LOG2E - lse2[:, None]) - tl.where(cols[None, :] == tc[:, None], 1.0, 0.0))
+        dz = ce_dz(z, f[:, None], lse2[:, None], cols[None, :] == tc[:, None])
         tl.store(base + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=m)
 
 
@@ -182,9 +182,10 @@ class CublasVocabLaunch(CublasCall):
         rows_per = -(-rows_per // br) * br
         S = -(-N // rows_per)
         lb = min(block or VLSE_BLOCK, triton.next_power_of_2(V))
-        lse_cx = lambda first, last: dict(HAS_BIAS=has_bias, MEAN=mean, FIRST=first, LAST=last, BLOCK=lb,  # noqa: E731
-                                          GROUP=min(LSE_GROUP, lb), num_warps=LSE_WARPS if cuda else 1)
-        self.first_cx = {k: v for k, v in lse_cx(True, True).items() if k not in ("FIRST", "LAST")}  # (less those)
+        # chunk_lse_kernel's launch keywords, less FIRST and LAST (each chunk's)
+        self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
+                             num_warps=LSE_WARPS if cuda else 1)
+        lse_cx = lambda first, last: dict(self.first_cx, FIRST=first, LAST=last)  # noqa: E731
         # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
         # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731
