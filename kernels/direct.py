@@ -49,9 +49,12 @@ class KernelLaunch:
         self.kernel, self.grid, self.cx = kernel, grid + (1,) * (3 - len(grid)), cx
         self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
         self.raw = None
+        names = [k for k in cx if k != "num_warps"]
+        if list(kernel.arg_names[len(kernel.arg_names) - len(names):]) != names:
+            # checked on the CPU too: the direct launch on CUDA passes them positionally
+            raise ValueError(f"{self.name}: cx {names} are not the kernel's last parameters in order "
+                             f"{list(kernel.arg_names)}")
         if example is not None:
-            names = [k for k in cx if k != "num_warps"]
-            assert kernel.arg_names[len(kernel.arg_names) - len(names):] == names, "constexprs out of parameter order"
             compiled = kernel.warmup(*example, grid=self.grid, **cx)
             self.raw, self.function, self.packed, self.coop, self.pdl = direct_launcher(compiled)
             # the constexprs follow the other parameters in our kernels: passed (and ignored) in their order
