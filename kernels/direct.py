@@ -43,8 +43,9 @@ class KernelLaunch:
 
     __slots__ = ("kernel", "name", "grid", "cx", "raw", "function", "packed", "coop", "pdl", "tail")
 
-    def __init__(self, kernel, grid: int | tuple, cx: dict, example: tuple | None = None):
-        # cx: the launch keywords, the constexprs and num_warps
+    def __init__(self, kernel, grid: int | tuple, cx: dict, example: tuple | None = None, arity: int | None = None):
+        # cx: the launch keywords, the constexprs and num_warps; arity: the other arguments' count, checked
+        # (the example's, where there is one)
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         self.kernel, self.grid, self.cx = kernel, grid + (1,) * (3 - len(grid)), cx
         self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
@@ -53,6 +54,10 @@ class KernelLaunch:
         if list(kernel.arg_names[len(kernel.arg_names) - len(names):]) != names:
             # checked on the CPU too: the direct launch on CUDA passes them positionally
             raise ValueError(f"{self.name}: cx {names} are not the kernel's last parameters in order "
+                             f"{list(kernel.arg_names)}")
+        arity = len(example) if example is not None else arity
+        if arity is not None and arity + len(names) != len(kernel.arg_names):
+            raise ValueError(f"{self.name}: {arity} arguments and cx {names}, but its parameters are "
                              f"{list(kernel.arg_names)}")
         if example is not None:
             compiled = kernel.warmup(*example, grid=self.grid, **cx)

@@ -310,12 +310,13 @@ class CublasCall:
             ex = (hdt, bias if has_bias else hdt, y, grad_bias if has_bias else torch.float32)
 
         def launch(kernel, grid, cx, args):
-            return KernelLaunch(kernel, grid, cx, args() if cuda else None)
+            example = args()  # (on the CPU, stand-ins: only its length is checked)
+            return KernelLaunch(kernel, grid, cx, example if cuda else None, len(example))
 
         self.scale_launch = None
         if mean:
             self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
-                                       lambda: (ex[2], N, ignore_index, torch.float32))
+                                       lambda: (ex and ex[2], N, ignore_index, torch.float32))
         return launch, ex
 
     def buffers(self, h, z_shape, grad_h_dtype):
@@ -386,8 +387,8 @@ class CublasLaunch(CublasCall):
         self.n_buf = self.o_scale + 1
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
+        hdt, b_ex, y, gb_ex = ex or (None,) * 4
         if cuda:  # the chunks' slices of y and of the rows' losses start where the whole tensors' alignment holds
-            hdt, b_ex, y, gb_ex = ex
             assert R == N or (R * 4 % 16 == 0 and R * y.element_size() % 16 == 0), \
                 f"chunks of {R} rows would change the alignment of their slices of y and of the losses"
         built, self.steps = {}, []
