@@ -51,10 +51,12 @@ class KernelLaunch:
         self.name = getattr(kernel, "__name__", None) or kernel.fn.__name__
         self.raw = None
         names = [k for k in cx if k != "num_warps"]
-        if list(kernel.arg_names[len(kernel.arg_names) - len(names):]) != names:
-            # checked on the CPU too: the direct launch on CUDA passes them positionally
-            raise ValueError(f"{self.name}: cx {names} are not the kernel's last parameters in order "
-                             f"{list(kernel.arg_names)}")
+        # the constexprs follow the other parameters in our kernels (checked on the CPU too): the direct launch
+        # passes them (ignored) in the kernel's order, whatever cx's
+        tail = list(kernel.arg_names[len(kernel.arg_names) - len(names):])
+        if sorted(tail) != sorted(names):
+            raise ValueError(f"{self.name}: cx {names} are not the kernel's last parameters {list(kernel.arg_names)}")
+        self.tail = tuple(cx[k] for k in tail)
         arity = len(example) if example is not None else arity
         if arity is not None and arity + len(names) != len(kernel.arg_names):
             raise ValueError(f"{self.name}: {arity} arguments and cx {names}, but its parameters are "
@@ -62,8 +64,6 @@ class KernelLaunch:
         if example is not None:
             compiled = kernel.warmup(*example, grid=self.grid, **cx)
             self.raw, self.function, self.packed, self.coop, self.pdl = direct_launcher(compiled)
-            # the constexprs follow the other parameters in our kernels: passed (and ignored) in their order
-            self.tail = tuple(cx[k] for k in names)
 
     def __call__(self, stream, *args):
         if self.raw is None:

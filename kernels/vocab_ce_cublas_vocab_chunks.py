@@ -185,9 +185,7 @@ class CublasVocabLaunch(CublasCall):
         # chunk_lse_kernel's launch keywords, less FIRST and LAST (each chunk's)
         self.first_cx = dict(HAS_BIAS=has_bias, MEAN=mean, BLOCK=lb, GROUP=min(LSE_GROUP, lb),
                              num_warps=LSE_WARPS if cuda else 1)
-        # in the kernel's parameter order (KernelLaunch passes the constexprs positionally)
-        lse_cx = lambda first, last: dict(HAS_BIAS=has_bias, MEAN=mean, FIRST=first, LAST=last,  # noqa: E731
-                                          BLOCK=lb, GROUP=min(LSE_GROUP, lb), num_warps=self.first_cx["num_warps"])
+        lse_cx = lambda first, last: dict(self.first_cx, FIRST=first, LAST=last)  # noqa: E731
         # the fp32 scratch, one allocation: [rows' losses N | running pair, then lse and factor 2N | grad_b's
         # sums S x C | scale 1], each part at a 16-byte boundary (what the direct launches were compiled for)
         pad = lambda n: -(-n // 4) * 4  # noqa: E731

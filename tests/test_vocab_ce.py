@@ -211,6 +211,20 @@ def test_cublas_vocab_matches_reference(path, N, D, C, dt, bias, occupancy, chun
     assert {p.kind for p in klh._PLANS.values()} == {path}
 
 
+def test_kernel_launch_passes_constexprs_in_the_kernels_order(device):
+    # the direct CUDA launch hands a kernel its constexprs positionally after the other arguments: in the kernel's
+    # parameter order whatever the order of the launch keywords; keywords that are not its last parameters, or
+    # arguments too few or too many for the rest, are refused when the launch is made (on the CPU too)
+    from erase_triton.kernels.direct import KernelLaunch
+    from erase_triton.kernels.vocab_ce_cublas_vocab_chunks import chunk_lse_kernel as k
+    cx = dict(GROUP=8, BLOCK=64, LAST=True, FIRST=False, MEAN=True, HAS_BIAS=False, num_warps=1)
+    assert KernelLaunch(k, 3, cx, arity=12).tail == (False, True, False, True, 64, 8)
+    with pytest.raises(ValueError, match="arguments"):
+        KernelLaunch(k, 3, cx, arity=11)
+    with pytest.raises(ValueError, match="last parameters"):
+        KernelLaunch(k, 3, dict(cx, STRIDE=4))
+
+
 def _spy_cublas_kernels(monkeypatch):
     # every Triton launch of the cublas path, direct (CUDA) or not: (kernel name, grid, BLOCK constexpr)
     from erase_triton.kernels.direct import KernelLaunch
