@@ -299,11 +299,12 @@ class CublasCall:
         """Sets `index`, `loss_like` and `scale_launch` (mean_scale_kernel for a mean); returns (launch, ex).
         launch(kernel, grid, cx, args) makes a KernelLaunch, compiled on CUDA for args() (a function: the
         example arguments); ex: the example's (h's dtype, bias, y, grad_bias) where they are pointers, with
-        stand-ins where there is no bias (an unused pointer of z's and of the scratch's dtype), or None."""
+        stand-ins where there is no bias (an unused pointer of z's and of the scratch's dtype); on the CPU four
+        Nones (an example there is only counted)."""
         cuda = example is not None
         self.loss_like = torch.empty((), dtype=torch.float32, device=device)
         self.index = None
-        ex = None
+        ex = (None,) * 4
         if cuda:
             self.index = device.index if device.index is not None else torch.cuda.current_device()
             hdt, bias, y, grad_bias = example
@@ -316,7 +317,7 @@ class CublasCall:
         self.scale_launch = None
         if mean:
             self.scale_launch = launch(mean_scale_kernel, 1, dict(BLOCK=1024, num_warps=4 if cuda else 1),
-                                       lambda: (ex and ex[2], N, ignore_index, torch.float32))
+                                       lambda: (ex[2], N, ignore_index, torch.float32))
         return launch, ex
 
     def buffers(self, h, z_shape, grad_h_dtype):
@@ -387,7 +388,7 @@ class CublasLaunch(CublasCall):
         self.n_buf = self.o_scale + 1
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
-        hdt, b_ex, y, gb_ex = ex or (None,) * 4
+        hdt, b_ex, y, gb_ex = ex
         if cuda:  # the chunks' slices of y and of the rows' losses start where the whole tensors' alignment holds
             assert R == N or (R * 4 % 16 == 0 and R * y.element_size() % 16 == 0), \
                 f"chunks of {R} rows would change the alignment of their slices of y and of the losses"

@@ -170,7 +170,7 @@ class CublasInPlaceLaunch(CublasCall):
         self.n_buf = self.o_scale + 1
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
-        hdt, b_ex, y, gb_ex = ex or (None,) * 4
+        hdt, b_ex, y, gb_ex = ex
         self.lse_launch = launch(lse_t_kernel, (-(-N // ln), S), self.first_cx,
                                  lambda: (hdt, hdt, b_ex, y, f32, B, N, C, cs))
         self.merge_launch = launch(merge_kernel, -(-N // MERGE_BLOCK),

@@ -195,7 +195,7 @@ class CublasVocabLaunch(CublasCall):
         self.n_buf = self.o_scale + 1
         launch, ex = self.setup(N, mean, ignore_index, has_bias, device, example)
         f32 = torch.float32
-        hdt, b_ex, y, gb_ex = ex or (None,) * 4
+        hdt, b_ex, y, gb_ex = ex
 
         def lse_launch(v0, n, first, last):  # chunk_lse_kernel over classes [v0, v0 + n)
             return launch(chunk_lse_kernel, N, lse_cx(first, last),
