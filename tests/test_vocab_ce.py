@@ -542,9 +542,10 @@ def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(classes, monkeypatc
             return run
 
     monkeypatch.setattr(lg, "lse_gemm_kernel", Kernel())
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 3}))
     launch = lambda kernel, grid, cx, args: KernelLaunch(kernel, grid, cx)  # noqa: E731
-    lse_gemm = lg.LseGemm(N, C, D, True, -100, False, torch.device(device), launch, y, classes=classes)
+    with monkeypatch.context() as m:  # 3 SMs while the split is planned only (Triton's CUDA driver reads them too)
+        m.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 3}))
+        lse_gemm = lg.LseGemm(N, C, D, True, -100, False, torch.device(device), launch, y, classes=classes)
     V = classes or C
     # 8 (6) vocabulary tiles x 3 row tiles over 3 SMs: 8 (6) tiles a split, one split (two consumers' pairs)
     assert (lse_gemm.tiles_per, lse_gemm.splits) == (-(-V // lg.TILE[1]), 2)
