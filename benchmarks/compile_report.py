@@ -116,14 +116,15 @@ def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None) -> dict:
                          f"{gl.NVMMASharedLayout.get_default_for([rows, BK], gl.bfloat16)!r}>")
     sig = {"x_desc": desc(BM), "w_desc": desc(BN), "b_ptr": "*bf16", "y_ptr": "*i64", "part_ptr": "*fp32",
            "N": "i32", "C": "i32", "tiles_per": "i32", "HAS_BIAS": "constexpr",
-           "KS": "constexpr", "NB": "constexpr", "num_warps": "constexpr"}
-    cx = dict(HAS_BIAS=True, KS=-(-D // BK), NB=lg.STAGES, num_warps=lg.WARPS)
+           "KS": "constexpr", "NB": "constexpr", "RESIDENT": "constexpr", "num_warps": "constexpr"}
+    cx = dict(HAS_BIAS=True, KS=-(-D // BK), NB=lg.STAGES, RESIDENT=lg.resident(D), num_warps=lg.WARPS)
     ck = triton_compile(GluonASTSource(fn=lg.lse_gemm_kernel, signature=sig, constexprs=cx),
                         target=GPUTarget("cuda", arch, 32), options=dict(num_warps=lg.WARPS, maxnreg=lg.MAXNREG))
     return dict(kernel="lse_gemm_kernel", num_warps=lg.WARPS, **_ptxas(ck, arch, ptx), shared=ck.metadata.shared,
                 threads=ck.metadata.num_warps * 32, maxnreg=lg.MAXNREG,
                 mma_versions=_mma_versions(ck), wgmma=ck.asm["ptx"].count("wgmma.mma_async"),
-                tma_loads=ck.asm["ptx"].count("cp.async.bulk.tensor"), BLOCK=f"{BM}x{BN}x{BK}", NB=lg.STAGES)
+                tma_loads=ck.asm["ptx"].count("cp.async.bulk.tensor"), BLOCK=f"{BM}x{BN}x{BK}", NB=lg.STAGES,
+                resident=int(lg.resident(D)))
 
 
 def main():

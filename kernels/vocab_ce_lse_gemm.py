@@ -3,7 +3,8 @@ running base-2 max and sum in its epilogue, so the logits are never written and 
 merge) instead of a cuBLAS GEMM and a Triton kernel a chunk of classes.
 
   lse_gemm_kernel (a row tile x a split of the vocabulary; a program an SM), warp-specialized: a TMA warp
-      loads [128, 64] tiles of x and W, and two consumer warpgroups take alternate [128, 128] tiles of the
+      loads the row tile's x once where it fits in shared memory beside the rings (D <= 512: `resident`), else
+      with W's, and [128, 64] tiles of W; two consumer warpgroups take alternate [128, 128] tiles of the
       split's logits, each through its own ring of three stages, by asynchronous wgmma in fp32, each row's
       running base-2 max and sum and the target's logit (0 where its tiles lack it) in the epilogue: consumer
       c's as split 2 split + c of S, in merge_kernel's layout
@@ -12,7 +13,8 @@ merge) instead of a cuBLAS GEMM and a Triton kernel a chunk of classes.
 
 The two consumers are what hide one tile's epilogue (an exp2 an element) behind the other's wgmma: at
 (4096, 512, 32000) bf16 on an H100 the pass took 0.241 ms, against 0.275 for one warpgroup a program with two
-programs an SM and 0.39 with one, and cuBLAS' logits GEMM alone 0.22 (docs/tuning.md#vocabulary-ce-paths). Each
+programs an SM and 0.39 with one, and cuBLAS' logits GEMM alone 0.22 (docs/tuning.md#vocabulary-ce-paths).
+Holding x halves what the loads bring from L2 a tile (W's alone): 0.225 against 0.254 ms in one A/B. Each
 consumer has its own ring because a shared one let a consumer's parity wait pass a phase that was not its
 own: it read a stage before its load landed. Deterministic: a fixed order everywhere. Taken where `usable` says:
 a CUDA device of compute capability 9.x (wgmma, TMA), bf16 x and W (the cublas paths' 16-bit dtype) with D a
@@ -34,7 +36,7 @@ try:  # (Gluon: triton >= 3.5's experimental Hopper/Blackwell dialect)
 except ImportError:  # pragma: no cover - an older triton: the cuBLAS pass
     gluon = None
 
-__all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "usable"]
+__all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "resident", "usable"]
 
 # switch for A/B runs (read when a call is prepared); the tile (rows, classes, K), stages a consumer, the default
 # partition's warps; ptxas' register cap (12 warps x 168 fill the SM's 64K) and what the worker partitions take
@@ -42,6 +44,15 @@ __all__ = ["ENABLED", "LseGemm", "lse_gemm_kernel", "usable"]
 ENABLED = True
 TILE, STAGES, WARPS = (128, 128, 64), 3, 4
 MAXNREG, CONSUMER_REGS, LOADER_REGS = 168, 232, 40
+# the row tile's x held in shared memory for the whole program where it fits beside the rings (D <= 512), so
+# the loads a tile are W's alone (switch for A/B runs); the shared memory a block may take on Hopper
+RESIDENT, SMEM_BYTES = True, 227 * 1024
+
+
+def resident(D: int) -> bool:
+    """Whether a program holds its row tile's x (D wide) in shared memory beside the two rings of W."""
+    BM, BN, BK = TILE
+    return RESIDENT and 2 * (-(-D // BK) * BM * BK + 2 * STAGES * BN * BK) + 1024 <= SMEM_BYTES
 
 
 def usable(device: torch.device, dtype: torch.dtype, D: int) -> bool:
@@ -55,9 +66,9 @@ if gluon is not None:
     _REGS = gl.constexpr([CONSUMER_REGS, LOADER_REGS])
 
     @gluon.jit
-    def _consume(c: gl.constexpr, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split,
-                 S2, N, C, HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr,
-                 BN: gl.constexpr):
+    def _consume(c: gl.constexpr, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1,
+                 split, S2, N, C, HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr, RESIDENT: gl.constexpr):
         # consumer warpgroup c: vocabulary tiles vt0 + c, vt0 + c + 2, ... from its own ring of NB stages (buffers
         # and barriers c NB + [0, NB): it waits on every phase of them, so a parity wait never skips one); its rows'
         # max, sum and target's logit as split 2 split + c of S2 (merge_kernel's [max | sum | logit] x S2 x N)
@@ -73,13 +84,17 @@ if gluon is not None:
         s = gl.zeros([BM], gl.float32, layout=row_l)
         zt = gl.zeros([BM], gl.float32, layout=row_l)
         acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+        if RESIDENT:  # the row tile's K steps, loaded once
+            mbarrier.wait(x_bar.index(0), 0)
         for j in range(c, n_tiles, 2):
             for k in gl.static_range(KS):
                 q = (j // 2) * KS + k
                 st = c * NB + q % NB
                 mbarrier.wait(ready.index(st), (q // NB) & 1)
-                acc = warpgroup_mma(a_bufs.index(st), b_bufs.index(st).permute((1, 0)), acc, use_acc=k > 0,
-                                    is_async=True)
+                # (RESIDENT: step k as q % KS, which the compiler does not fold to k: a constant index hoists
+                # the row tile's wgmma descriptors out of the loop, and the default partition spills them)
+                a = a_bufs.index(q % KS) if RESIDENT else a_bufs.index(st)
+                acc = warpgroup_mma(a, b_bufs.index(st).permute((1, 0)), acc, use_acc=k > 0, is_async=True)
                 # the wgmma before this one is done: its stage back to the loader
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 if k > 0:
@@ -102,22 +117,30 @@ if gluon is not None:
         gl.store(part_ptr + 2 * S2 * N + off, zt, mask=mr)
 
     @gluon.jit
-    def _consume0(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
-                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        _consume(0, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
-                 HAS_BIAS, KS, NB, BM, BN)
+    def _consume0(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2, N, C,
+                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  RESIDENT: gl.constexpr):
+        _consume(0, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2, N, C,
+                 HAS_BIAS, KS, NB, BM, BN, RESIDENT)
 
     @gluon.jit
-    def _consume1(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
-                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        _consume(1, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N, C,
-                 HAS_BIAS, KS, NB, BM, BN)
+    def _consume1(b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2, N, C,
+                  HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  RESIDENT: gl.constexpr):
+        _consume(1, b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2, N, C,
+                 HAS_BIAS, KS, NB, BM, BN, RESIDENT)
 
     @gluon.jit
-    def _load(x_desc, w_desc, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, KS: gl.constexpr, NB: gl.constexpr):
-        # the TMA warp: tile j's K steps into consumer j % 2's ring, in tile order
+    def _load(x_desc, w_desc, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, KS: gl.constexpr,
+              NB: gl.constexpr, RESIDENT: gl.constexpr):
+        # the TMA warp: tile j's K steps into consumer j % 2's ring, in tile order (RESIDENT: the row tile's K
+        # steps once, first, and the rings W's alone)
         BK: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = w_desc.block_type.shape[0]
+        if RESIDENT:
+            mbarrier.expect(x_bar.index(0), KS * x_desc.block_type.nbytes)
+            for i in range(KS):
+                tma.async_copy_global_to_shared(x_desc, [r0, i * BK], x_bar.index(0), a_bufs.index(i))
         for p in range((vt1 - vt0) * KS):
             j = p // KS
             k = p % KS
@@ -125,13 +148,17 @@ if gluon is not None:
             st = (j % 2) * NB + q % NB
             mbarrier.wait(empty.index(st), ((q // NB) & 1) ^ 1)
             bar = ready.index(st)
-            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [r0, k * BK], bar, a_bufs.index(st))
+            if RESIDENT:
+                mbarrier.expect(bar, w_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [r0, k * BK], bar, a_bufs.index(st))
             tma.async_copy_global_to_shared(w_desc, [(vt0 + j) * BN, k * BK], bar, b_bufs.index(st))
 
     @gluon.jit
     def lse_gemm_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, N, C, tiles_per,
-                        HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
+                        HAS_BIAS: gl.constexpr, KS: gl.constexpr, NB: gl.constexpr, RESIDENT: gl.constexpr,
+                        num_warps: gl.constexpr):
         # a row tile (pid 0) over the vocabulary tiles of split pid 1: a TMA warp and two consumer warpgroups (the
         # default partition and a worker) taking alternate tiles, one's epilogue beside the other's wgmma
         BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -142,20 +169,24 @@ if gluon is not None:
         S2 = 2 * gl.num_programs(1)
         vt0 = split * tiles_per
         vt1 = gl.minimum(vt0 + tiles_per, gl.cdiv(C, BN))
-        a_bufs = gl.allocate_shared_memory(dtype, [2 * NB] + x_desc.block_type.shape, x_desc.layout)
+        # RESIDENT: the row tile's KS steps of x, held for the whole program; else x's own stages in the rings
+        a_bufs = gl.allocate_shared_memory(dtype, [KS if RESIDENT else 2 * NB] + x_desc.block_type.shape,
+                                           x_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [2 * NB] + w_desc.block_type.shape, w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [2 * NB, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2 * NB, 1], mbarrier.MBarrierLayout())
+        x_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(x_bar.index(0), count=1)
         for j in gl.static_range(2 * NB):
             mbarrier.init(ready.index(j), count=1)
             mbarrier.init(empty.index(j), count=1)
         # (the argument tuples written out: a tuple held in a variable loses its constexprs)
         gl.warp_specialize([
-            (_consume0, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
-                         C, HAS_BIAS, KS, NB, BM, BN)),
-            (_consume1, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, split, S2, N,
-                         C, HAS_BIAS, KS, NB, BM, BN)),
-            (_load, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, r0, vt0, vt1, KS, NB)),
+            (_consume0, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2,
+                         N, C, HAS_BIAS, KS, NB, BM, BN, RESIDENT)),
+            (_consume1, (b_ptr, y_ptr, part_ptr, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, split, S2,
+                         N, C, HAS_BIAS, KS, NB, BM, BN, RESIDENT)),
+            (_load, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, x_bar, r0, vt0, vt1, KS, NB, RESIDENT)),
         ], [4, 1], _REGS)
 else:  # pragma: no cover
     lse_gemm_kernel = None
@@ -167,7 +198,8 @@ class LseGemm:
     lse). launch: CublasCall.setup's, for the merge. classes: the GEMM's classes [0, classes) of C, the rest's
     running pair and target's logit already in lse and rows_loss (chunk_lse_kernel's; default: all C)."""
 
-    __slots__ = ("N", "C", "D", "classes", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index")
+    __slots__ = ("N", "C", "D", "classes", "tiles_per", "splits", "has_bias", "layouts", "merge", "ignore_index",
+                 "resident")
 
     def __init__(self, N: int, C: int, D: int, mean: bool, ignore_index: int, has_bias: bool, device: torch.device,
                  launch, y_example, classes: int | None = None):
@@ -180,6 +212,7 @@ class LseGemm:
         self.tiles_per = max(1, -(-vt * -(-N // BM) // sms))
         self.splits = 2 * -(-vt // self.tiles_per)
         self.N, self.C, self.D, self.has_bias, self.ignore_index = N, C, D, has_bias, ignore_index
+        self.resident = resident(D)
         self.layouts = (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16),
                         gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
         f32 = torch.float32
@@ -203,5 +236,6 @@ class LseGemm:
         wd = TensorDescriptor(weight, [V, D], [weight.stride(0), 1], [BN, BK], self.layouts[1])
         lse_gemm_kernel[(-(-N // BM), self.splits // 2)](xd, wd, bias if self.has_bias else weight, y, scratch, N,
                                                          V, self.tiles_per, HAS_BIAS=self.has_bias, KS=-(-D // BK),
-                                                         NB=STAGES, num_warps=WARPS, maxnreg=MAXNREG)
+                                                         NB=STAGES, RESIDENT=self.resident, num_warps=WARPS,
+                                                         maxnreg=MAXNREG)
         self.merge(stream, scratch, y, scale, rows_loss, lse, self.splits, N, C, self.ignore_index)

@@ -495,15 +495,17 @@ def test_lse_merge_kernel_matches_torch(mean, init, device):
 
 @pytest.mark.parametrize("D", [512, 520])
 def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D):
-    # what its speed rests on (docs/tuning.md#vocabulary-ce-paths): wgmma, TMA loads, no spills, and a program
-    # that fits an SM (227 KB of shared memory a block; its 12 warps' registers within 64K). D = 520: a last
-    # K step past D (TMA's zero fill)
+    # what its speed rests on (docs/tuning.md#vocabulary-ce-paths): wgmma, TMA loads, no spills in the loops, and
+    # a program that fits an SM (227 KB of shared memory a block; its 12 warps' registers within 64K). D = 512:
+    # the row tile's x resident in shared memory (two 4-byte values held across the partitions' register
+    # reallocation spill, once a program); D = 520: x streamed, a last K step past D (TMA's zero fill)
     from test_local_head import _compile_report
     r = _compile_report("--D", str(D), "--lse-gemm")  # (bf16, the dtype the library launches it for)
     assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
     got = dict(kv.split("=", 1) for kv in r.stdout.split())
     assert got["mma_versions"] == "3" and int(got["wgmma"]) > 0 and int(got["tma_loads"]) > 0
-    assert got["spill_bytes"] == "0"
+    assert got["resident"] == str(int(D == 512))
+    assert int(got["spill_bytes"]) <= (8 if D == 512 else 0)
     assert int(got["shared"]) <= 227 * 1024 and int(got["threads"]) * int(got["regs"]) <= 65536
 
 
