@@ -52,6 +52,7 @@ RESIDENT, SMEM_BYTES = True, 227 * 1024
 def resident(D: int) -> bool:
     """Whether a program holds its row tile's x (D wide) in shared memory beside the two rings of W."""
     BM, BN, BK = TILE
+    # (bf16 tiles: 2 bytes an element; 1 KB for the barriers and the rest)
     return RESIDENT and 2 * (-(-D // BK) * BM * BK + 2 * STAGES * BN * BK) + 1024 <= SMEM_BYTES
 
 
