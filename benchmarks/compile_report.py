@@ -105,8 +105,9 @@ def _mma_versions(ck) -> str:
     return ",".join(sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))) or "-"
 
 
-def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None) -> dict:
-    """cublas_vocab_chunks' Gluon pass-1 kernel (kernels/vocab_ce_lse_gemm.py) as the library launches it (bf16)."""
+def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None, bias: bool = True) -> dict:
+    """cublas_vocab_chunks' Gluon pass-1 kernel (kernels/vocab_ce_lse_gemm.py) as the library launches it (bf16),
+    for a head with a bias or without one."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -117,7 +118,7 @@ def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None) -> dict:
     sig = {"x_desc": desc(BM), "w_desc": desc(BN), "b_ptr": "*bf16", "y_ptr": "*i64", "part_ptr": "*fp32",
            "N": "i32", "C": "i32", "tiles_per": "i32", "HAS_BIAS": "constexpr",
            "KS": "constexpr", "NB": "constexpr", "RESIDENT": "constexpr", "num_warps": "constexpr"}
-    cx = dict(HAS_BIAS=True, KS=-(-D // BK), NB=lg.STAGES, RESIDENT=lg.resident(D), num_warps=lg.WARPS)
+    cx = dict(HAS_BIAS=bias, KS=-(-D // BK), NB=lg.STAGES, RESIDENT=lg.resident(D), num_warps=lg.WARPS)
     ck = triton_compile(GluonASTSource(fn=lg.lse_gemm_kernel, signature=sig, constexprs=cx),
                         target=GPUTarget("cuda", arch, 32), options=dict(num_warps=lg.WARPS, maxnreg=lg.MAXNREG))
     return dict(kernel="lse_gemm_kernel", num_warps=lg.WARPS, **_ptxas(ck, arch, ptx), shared=ck.metadata.shared,
@@ -143,9 +144,10 @@ def main():
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")
     ap.add_argument("--lse-gemm", action="store_true",
                     help="report cublas_vocab_chunks' Gluon lse kernel (bf16, --D) instead")
+    ap.add_argument("--no-bias", action="store_true", help="with --lse-gemm: the kernel of a head without a bias")
     args = ap.parse_args()
     if args.lse_gemm:
-        r = lse_gemm_report(args.D, ptx=args.ptx)
+        r = lse_gemm_report(args.D, ptx=args.ptx, bias=not args.no_bias)
         print(" ".join(f"{k}={v}" for k, v in r.items()))
         return 0
     plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)

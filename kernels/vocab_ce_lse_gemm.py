@@ -81,6 +81,8 @@ if gluon is not None:
         rows = r0 + gl.arange(0, BM, layout=row_l)
         mr = rows < N
         t = gl.load(y_ptr + rows, mask=mr, other=-1).to(gl.int32)
+        # (a target past this pass's classes, C, matches none of its columns: the last tile's masked ones are -inf)
+        t = gl.where(t < C, t, -1)
         m = gl.full([BM], float("-inf"), gl.float32, layout=row_l)
         s = gl.zeros([BM], gl.float32, layout=row_l)
         zt = gl.zeros([BM], gl.float32, layout=row_l)
@@ -102,15 +104,20 @@ if gluon is not None:
                     mbarrier.arrive(empty.index(c * NB + (q - 1) % NB), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(c * NB + ((j // 2) * KS + KS - 1) % NB), count=1)
-            cols = (vt0 + j) * BN + gl.arange(0, BN, layout=col_l)
+            c0 = (vt0 + j) * BN
+            cols = c0 + gl.arange(0, BN, layout=col_l)
             mc = cols < C
-            z = acc
+            # the columns past C as -inf through the bias's add (or one of its own: a fresh z, not the loop's acc)
             if HAS_BIAS:
-                z = z + gl.load(b_ptr + cols, mask=mc, other=0.0).to(gl.float32)[None, :]
-            zt += gl.sum(gl.where(cols[None, :] == t[:, None], z, 0.0), 1)
-            u = gl.where(mc[None, :], z * LOG2E, float("-inf"))
-            m_new = gl.maximum(m, gl.max(u, 1))  # (finite: every tile holds a class)
-            s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(u - m_new[:, None]), 1)
+                z = acc + gl.load(b_ptr + cols, mask=mc, other=float("-inf")).to(gl.float32)[None, :]
+            else:
+                z = acc + gl.where(mc, 0.0, float("-inf"))[None, :]
+            # the base-2 exponent as one FMA; the target's logit only where the tile holds a row's target, and
+            # after the sums (before them, z held across the branch spilled)
+            m_new = gl.maximum(m, gl.max(z, 1) * LOG2E)  # (finite: every tile holds a class)
+            s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(gl.fma(z, LOG2E, -m_new[:, None])), 1)
+            if gl.max(((t >= c0) & (t < c0 + BN)).to(gl.int32), 0) > 0:
+                zt += gl.sum(gl.where(cols[None, :] == t[:, None], z, 0.0), 1)
             m = m_new
         off = (2 * split + c) * N + rows
         gl.store(part_ptr + off, m, mask=mr)
