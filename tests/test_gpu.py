@@ -221,6 +221,47 @@ def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
     assert rel_err(outs[0][0], mixed) < 1e-6 and rel_err(outs[0][0], outs[1][0]) < 1e-4
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_cublas_vocab_chunks_logits_by_cublaslt(bias, monkeypatch):
+    # LOGITS_LT: the logits GEMMs with cuBLASLt preferred (and the preference put back after each), the same
+    # product to rounding (another kernel's order of the K sums); every chunk's, in both passes
+    import erase_triton.functional as functional
+    from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
+    g = torch.Generator(device=dev).manual_seed(0)
+    N, D, C = 1000, 256, 7000
+    h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
+    w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
+    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(torch.bfloat16) if bias else None
+    y = torch.randint(0, C, (N,), device=dev, generator=g)
+    cfg = et.LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=2048)
+    real, seen = torch.mm, []
+    before = torch._C._get_blas_preferred_backend()
+
+    def mm(*a, **k):
+        seen.append((a[1].shape[1], torch._C._get_blas_preferred_backend()))
+        return real(*a, **k)
+    monkeypatch.setattr(torch, "mm", mm)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(vc, "LOGITS_LT", on)
+        functional._FAST.clear()
+        seen.clear()
+        outs.append(fused_local_head(h, w, b, y, loss="ce", config=cfg))
+        # chunks of 856 + 3 x 2048 classes: pass 1's logits the last chunk's on Hopper (the Gluon pass takes the
+        # rest), else every chunk's; pass 2's all but the last's (kept). grad_W's mm takes D columns
+        hopper = torch.cuda.get_device_capability()[0] == 9
+        want = [2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]
+        lt = [n for n, lib in seen if n != D and lib == torch._C._BlasBackend.Cublaslt]
+        assert sorted(lt) == (sorted(want) if on else []), on
+        assert torch._C._get_blas_preferred_backend() == before
+    ref = reference.local_head(h.double(), w.double(), b.double() if bias else None, y, loss="ce")
+    for name, a, c, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs, ref):
+        if r is None:
+            continue
+        assert rel_err(a, r) <= 1.2 * rel_err(c, r) + 1e-6, name
+        assert rel_err(a, c) < 1e-2, name
+
+
 @pytest.mark.parametrize("path", ["cublas_vocab_chunks", "cublas_in_place"])
 def test_vocab_paths_peak_is_their_buffers(path):
     # at its peak a call holds grad_W, the fp32 grad_h sum, one chunk's logits (cublas_in_place: one block's, the
