@@ -300,7 +300,8 @@ class CublasVocabLaunch(CublasCall):
 
 
 def _logits(x, wkt, out) -> None:
-    # out = x @ wkt; with LOGITS_LT on CUDA by cuBLASLt (the library preference set and put back around it)
+    # out = x @ wkt; with LOGITS_LT on CUDA by cuBLASLt (the library preference set and put back around it; the
+    # preference is process-wide, so another thread's GEMM issued meanwhile may take cuBLASLt as well)
     if not (LOGITS_LT and x.is_cuda and _LT is not None):
         torch.mm(x, wkt, out=out)
         return
