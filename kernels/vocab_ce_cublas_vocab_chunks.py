@@ -55,8 +55,8 @@ VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
 VDZ_BAND_TILE = (8, 512, 4)
 # the logits GEMMs by cuBLASLt (PyTorch's preferred BLAS library set for those calls alone, then put back): on
 # an H200 its heuristic picks 128 x 96 tiles where cuBLAS' picks 96 x 128 (198 against 258 us for the eleven at
-# (4096, 512, 32000), 2816 classes a chunk); on an H100 both pick the same kernel (switch for A/B runs; read
-# when a call runs)
+# (4096, 512, 32000), 2816 classes a chunk, with cuBLASLt preferred process-wide); on an H100 both pick the same
+# kernel (docs/tuning.md; switch for A/B runs, read when a call runs)
 LOGITS_LT = True
 _LT = getattr(getattr(torch._C, "_BlasBackend", None), "Cublaslt", None)
 

@@ -251,8 +251,8 @@ def test_cublas_vocab_chunks_logits_by_cublaslt(bias, monkeypatch):
         # rest), else every chunk's; pass 2's all but the last's (kept). grad_W's mm takes D columns
         hopper = torch.cuda.get_device_capability()[0] == 9
         want = [2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]
-        lt = [n for n, lib in seen if n != D and lib == torch._C._BlasBackend.Cublaslt]
-        assert sorted(lt) == (sorted(want) if on else []), on
+        lib = torch._C._BlasBackend.Cublaslt if on else before
+        assert sorted(n for n, used in seen if n != D and used == lib) == sorted(want), on
         assert torch._C._get_blas_preferred_backend() == before
     ref = reference.local_head(h.double(), w.double(), b.double() if bias else None, y, loss="ce")
     for name, a, c, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs, ref):
