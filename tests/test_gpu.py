@@ -241,16 +241,16 @@ def test_cublas_vocab_chunks_logits_by_cublaslt(bias, monkeypatch):
         seen.append((a[1].shape[1], torch._C._get_blas_preferred_backend()))
         return real(*a, **k)
     monkeypatch.setattr(torch, "mm", mm)
+    # chunks of 856 + 3 x 2048 classes: pass 1's logits the last chunk's on Hopper (the Gluon pass takes the rest),
+    # else every chunk's; pass 2's all but the last's (kept). grad_W's mm takes D columns
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    want = [2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]
     outs = []
     for on in (True, False):
         monkeypatch.setattr(vc, "LOGITS_LT", on)
         functional._FAST.clear()
         seen.clear()
         outs.append(fused_local_head(h, w, b, y, loss="ce", config=cfg))
-        # chunks of 856 + 3 x 2048 classes: pass 1's logits the last chunk's on Hopper (the Gluon pass takes the
-        # rest), else every chunk's; pass 2's all but the last's (kept). grad_W's mm takes D columns
-        hopper = torch.cuda.get_device_capability()[0] == 9
-        want = [2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]
         lib = torch._C._BlasBackend.Cublaslt if on else before
         assert sorted(n for n, used in seen if n != D and used == lib) == sorted(want), on
         assert torch._C._get_blas_preferred_backend() == before
