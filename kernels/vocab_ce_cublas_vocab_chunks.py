@@ -12,7 +12,7 @@ largest thing a call allocates.
   mean_scale_kernel                    1 / the rows not ignored (a mean)
   chunks: `chunk` classes each, but the first, which holds what is left over (the last is whole)
   pass 1, chunk k of classes [v0, v1):
-    z_k = relu?(h) W[v0:v1]^T          cuBLASLt (LOGITS_LT), into the [N, chunk] scratch in h's dtype
+    z_k = relu?(h) W[v0:v1]^T          cuBLAS (cuBLASLt where LT_GEMMS says), into the [N, chunk] scratch in h's dtype
     chunk_lse_kernel (a program a row): the chunk's base-2 max and sum of z_k + b merged into the row's running
                                        pair; the target's logit from the chunk that holds it; the last chunk
                                        turns them into the row's lse, gradient factor and loss
@@ -23,7 +23,7 @@ largest thing a call allocates.
                                        epilogue, and its merge into that running pair (two launches, no logits
                                        written)
   pass 2, the chunks in reverse (the kept ones' logits are still there: not computed again):
-    z_k again                          cuBLASLt
+    z_k again                          cuBLAS
     dz_split_kernel (a program a block of columns and of rows): dz over z_k in place (as vocab_ce_cublas's
                                        dz_rows), its column sums in fp32 per block of rows; without a bias
                                        dz_band_kernel (a program a block of rows, along them), no sums
@@ -53,11 +53,11 @@ __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_ba
 VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
 # dz_band_kernel's tile (rows, columns, warps), without a bias
 VDZ_BAND_TILE = (8, 512, 4)
-# the logits GEMMs by cuBLASLt (PyTorch's preferred BLAS library set for those calls alone, then put back): on
-# an H200 its heuristic picks 128 x 96 tiles where cuBLAS' picks 96 x 128 (198 against 258 us for the eleven at
-# (4096, 512, 32000), 2816 classes a chunk, with cuBLASLt preferred process-wide); on an H100 both pick the same
-# kernel (docs/tuning.md; switch for A/B runs, read when a call runs)
-LOGITS_LT = True
+# the GEMMs ("logits", "grad_weight", "grad_h") to compute with cuBLASLt as PyTorch's preferred BLAS library (set
+# for those calls alone and put back; read when a call runs), none by default: for the logits alone both libraries
+# pick the same kernels on an H200 and an H100, so the switch only cost host time; cuBLASLt preferred for the
+# whole call was faster on an H200, from sites not yet told apart (docs/tuning.md; for A/B runs)
+LT_GEMMS = frozenset()
 _LT = getattr(getattr(torch._C, "_BlasBackend", None), "Cublaslt", None)
 
 
@@ -277,7 +277,7 @@ class CublasVocabLaunch(CublasCall):
         first = K - kept if fused else 0
         lse_ks = self.kept_lse if fused else [step[2] for step in self.steps]
         for (v0, v1, _, _), (_, wkt, _, zc), lse_k in zip(self.steps[first:], views[first:], lse_ks):
-            _logits(x, wkt, zc)
+            _gemm("logits", torch.mm, x, wkt, out=zc)
             lse_k(stream, zc, bias, y, scale, rows_loss, lse, v0, v1 - v0, N, C, v1 - v0, ii)
         if fused:
             self.lse_gemm(stream, x, weight, bias, y, buf[self.o_gl:self.o_gl + self.lse_gemm.n_part], scale,
@@ -285,13 +285,13 @@ class CublasVocabLaunch(CublasCall):
         for i, ((v0, v1, _, dz_k), (wk, wkt, gwk, zc)) in enumerate(zip(reversed(self.steps), reversed(views))):
             n = v1 - v0
             if i >= kept:  # (the kept chunks' logits are still there from pass 1)
-                _logits(x, wkt, zc)
+                _gemm("logits", torch.mm, x, wkt, out=zc)
             dz_k(stream, zc, bias, y, lse, part, v0, n, N, C, rp, n)
             if self.accumulate:
-                gwk.addmm_(zc.t(), x)
+                _gemm("grad_weight", gwk.addmm_, zc.t(), x)
             else:
-                torch.mm(zc.t(), x, out=gwk)
-            _sum_mm(grad_h, zc, wk, i > 0, f32_sum)
+                _gemm("grad_weight", torch.mm, zc.t(), x, out=gwk)
+            _gemm("grad_h", _sum_mm, grad_h, zc, wk, i > 0, f32_sum)
         self.final_launch(stream, part, S, C, grad_bias, rows_loss, N, scale, loss)
         del z, zc, zs, views  # (the scratch's memory back before grad_h's rounded copy)
         if self.relu:
@@ -299,16 +299,15 @@ class CublasVocabLaunch(CublasCall):
         return loss, grad_h.to(h.dtype).view(shape)
 
 
-def _logits(x, wkt, out) -> None:
-    # out = x @ wkt; with LOGITS_LT on CUDA by cuBLASLt (the library preference set and put back around it; the
-    # preference is process-wide, so another thread's GEMM issued meanwhile may take cuBLASLt as well)
-    if not (LOGITS_LT and x.is_cuda and _LT is not None):
-        torch.mm(x, wkt, out=out)
-        return
+def _gemm(site, fn, *args, **kw):
+    # fn(*args, **kw); for a site in LT_GEMMS on CUDA with cuBLASLt preferred (the preference is process-wide, so
+    # another thread's GEMM issued meanwhile may take cuBLASLt as well)
+    if site not in LT_GEMMS or _LT is None or not args[0].is_cuda:
+        return fn(*args, **kw)
     prev = torch._C._get_blas_preferred_backend()
     torch._C._set_blas_preferred_backend(_LT)
     try:
-        torch.mm(x, wkt, out=out)
+        return fn(*args, **kw)
     finally:
         torch._C._set_blas_preferred_backend(prev)
 

@@ -222,9 +222,9 @@ def test_cublas_vocab_chunks_takes_the_gluon_pass_on_hopper(monkeypatch):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_cublas_vocab_chunks_logits_by_cublaslt(bias, monkeypatch):
-    # LOGITS_LT: the logits GEMMs with cuBLASLt preferred (and the preference put back after each), the same
-    # product to rounding (another kernel's order of the K sums); every chunk's, in both passes
+def test_cublas_vocab_chunks_gemms_by_cublaslt(bias, monkeypatch):
+    # LT_GEMMS: the GEMMs of the sites named with cuBLASLt preferred (and the preference put back after each),
+    # the others with the caller's; the same products to rounding (another kernel's order of the K sums)
     import erase_triton.functional as functional
     from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
     g = torch.Generator(device=dev).manual_seed(0)
@@ -234,32 +234,42 @@ def test_cublas_vocab_chunks_logits_by_cublaslt(bias, monkeypatch):
     b = (torch.randn(C, device=dev, generator=g) * 0.1).to(torch.bfloat16) if bias else None
     y = torch.randint(0, C, (N,), device=dev, generator=g)
     cfg = et.LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=2048)
-    real, seen = torch.mm, []
+    real_mm, real_addmm, seen = torch.mm, torch.addmm, []
     before = torch._C._get_blas_preferred_backend()
 
-    def mm(*a, **k):
-        seen.append((a[1].shape[1], torch._C._get_blas_preferred_backend()))
-        return real(*a, **k)
+    def mm(*a, **k):  # grad_h's sums are fp32 products of 16-bit inputs; grad_W's take D columns
+        site = "grad_h" if "out_dtype" in k else "grad_weight" if a[1].shape[1] == D else "logits"
+        seen.append((site, a[1].shape[1], torch._C._get_blas_preferred_backend()))
+        return real_mm(*a, **k)
+
+    def addmm(*a, **k):
+        seen.append(("grad_h", a[2].shape[1], torch._C._get_blas_preferred_backend()))
+        return real_addmm(*a, **k)
     monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "addmm", addmm)
     # chunks of 856 + 3 x 2048 classes: pass 1's logits the last chunk's on Hopper (the Gluon pass takes the rest),
-    # else every chunk's; pass 2's all but the last's (kept). grad_W's mm takes D columns
+    # else every chunk's; pass 2's all but the last's (kept); grad_W and grad_h one GEMM a chunk each
     hopper = torch.cuda.get_device_capability()[0] == 9
-    want = [2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]
+    want = {"logits": sorted([2048] + ([] if hopper else [856, 2048, 2048]) + [2048, 2048, 856]),
+            "grad_weight": [D] * 4, "grad_h": [D] * 4}
     outs = []
-    for on in (True, False):
-        monkeypatch.setattr(vc, "LOGITS_LT", on)
+    for sites in ((), ("logits",), ("logits", "grad_weight", "grad_h")):
+        monkeypatch.setattr(vc, "LT_GEMMS", frozenset(sites))
         functional._FAST.clear()
         seen.clear()
         outs.append(fused_local_head(h, w, b, y, loss="ce", config=cfg))
-        lib = torch._C._BlasBackend.Cublaslt if on else before
-        assert sorted(n for n, used in seen if n != D and used == lib) == sorted(want), on
+        for site, n in want.items():
+            lib = torch._C._BlasBackend.Cublaslt if site in sites else before
+            assert sorted(m for s, m, used in seen if s == site and used == lib) == n, (sites, site)
+        assert len(seen) == sum(map(len, want.values())), sites
         assert torch._C._get_blas_preferred_backend() == before
     ref = reference.local_head(h.double(), w.double(), b.double() if bias else None, y, loss="ce")
-    for name, a, c, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs, ref):
-        if r is None:
-            continue
-        assert rel_err(a, r) <= 1.2 * rel_err(c, r) + 1e-6, name
-        assert rel_err(a, c) < 1e-2, name
+    for out in outs[1:]:
+        for name, a, c, r in zip(("loss", "grad_h", "grad_weight", "grad_bias"), out, outs[0], ref):
+            if r is None:
+                continue
+            assert rel_err(a, r) <= 1.2 * rel_err(c, r) + 1e-6, name
+            assert rel_err(a, c) < 1e-2, name
 
 
 @pytest.mark.parametrize("path", ["cublas_vocab_chunks", "cublas_in_place"])
