@@ -2,7 +2,8 @@
 bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
-        [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--out benchmarks/results/vocab_rounds.csv]
+        [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--lt-gemms logits,grad_weight,grad_h,all,call]
+        [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
@@ -12,6 +13,9 @@ the kernel time of one call (torch profiler over three calls: graphed_ms less th
 --chunks: `cublas` at those chunk sizes (rows); --vocab-chunks: `cublas_vocab_chunks` at those (classes);
 --paths: other vocabulary paths at their own chunk rule (cublas_vocab_chunks on Hopper twice: with its Gluon
 pass 1, the default there, and with its cuBLAS one).
+--lt-gemms: `cublas_vocab_chunks` (at each --vocab-chunks size, else its rule) again with cuBLASLt as PyTorch's
+preferred BLAS library for its GEMMs of one site ("logits", "grad_weight", "grad_h"), of all three ("all"), or
+for the whole call ("call"); the default's library otherwise (its LT_GEMMS).
 Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
 PyTorch one ("torch bias=None"), the baseline of those twins.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
@@ -35,6 +39,7 @@ from bench_local_head import make, ours_fn, torch_fn  # noqa: E402
 from erase_triton import LaunchConfig  # noqa: E402
 from erase_triton.bench import metadata, peak_mb, print_table, write_csv  # noqa: E402
 from erase_triton.kernels import plan as kplan, vocab_ce_lse_gemm as lse_gemm  # noqa: E402
+from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vchunks  # noqa: E402
 from erase_triton.kernels.launch import VOCAB_PATHS  # noqa: E402
 from erase_triton.reference import head_loss  # noqa: E402
 
@@ -80,6 +85,28 @@ def without_lse_gemm(fn):
     return run
 
 
+LT_SITES = ("logits", "grad_weight", "grad_h")
+
+
+def with_lt_gemms(fn, sites: str):
+    """fn with cublas_vocab_chunks' GEMMs of `sites` (one of LT_SITES, "all" or "call") computed with cuBLASLt
+    preferred: LT_GEMMS set for the call, or for "call" the preference set around the whole call; both put
+    back after it (a graph captured meanwhile keeps the kernels chosen)."""
+    def run():
+        old, prev = vchunks.LT_GEMMS, torch._C._get_blas_preferred_backend()
+        if sites == "call":
+            vchunks.LT_GEMMS = frozenset()
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+        else:
+            vchunks.LT_GEMMS = frozenset(LT_SITES if sites == "all" else (sites,))
+        try:
+            return fn()
+        finally:
+            vchunks.LT_GEMMS = old
+            torch._C._set_blas_preferred_backend(prev)
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="4096:4096:128256", help="N:D:V")
@@ -87,6 +114,8 @@ def main():
     ap.add_argument("--chunks", default="1024,2048", help="chunk sizes (rows) of vocab_path='cublas' besides the default's")
     ap.add_argument("--vocab-chunks", default="", help="chunk sizes (classes) of vocab_path='cublas_vocab_chunks'")
     ap.add_argument("--paths", default="", help=f"other vocabulary paths at their own chunk rule, of {', '.join(VOCAB_PATHS)}")
+    ap.add_argument("--lt-gemms", default="", help="cublas_vocab_chunks with cuBLASLt for GEMMs of these sites, "
+                    f"of {', '.join(LT_SITES)}, all, call")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
@@ -100,6 +129,9 @@ def main():
     paths = [p for p in args.paths.split(",") if p]
     if any(p not in VOCAB_PATHS for p in paths):
         ap.error(f"--paths: expected some of {', '.join(VOCAB_PATHS)}, got {args.paths!r}")
+    lt_gemms = [x for x in args.lt_gemms.split(",") if x]
+    if any(x not in LT_SITES + ("all", "call") for x in lt_gemms):
+        ap.error(f"--lt-gemms: expected some of {', '.join(LT_SITES)}, all, call, got {args.lt_gemms!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -123,6 +155,13 @@ def main():
         cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
         variants[f"ours-cublas_vocab_chunks chunk_size={cs}"] = ours_fn("ce", h, w, b, y, cfg)
         variants[f"ours-cublas_vocab_chunks chunk_size={cs} bias=None"] = ours_fn("ce", h, w, None, y, cfg)
+    # (LT_GEMMS is read when a call runs: these share the plain variants' prepared calls)
+    for cs in vocab_chunks or [None]:
+        cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
+        at = f" chunk_size={cs}" if cs else ""
+        for sites in lt_gemms:
+            variants[f"ours-cublas_vocab_chunks{at} cuBLASLt={sites}"] = with_lt_gemms(
+                ours_fn("ce", h, w, b, y, cfg), sites)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
