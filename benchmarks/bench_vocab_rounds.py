@@ -85,7 +85,7 @@ def without_lse_gemm(fn):
     return run
 
 
-LT_SITES = ("logits", "grad_weight", "grad_h")
+LT_SITES = vchunks.LT_SITES
 
 
 def with_lt_gemms(fn, sites: str):
