@@ -3,7 +3,7 @@ bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
         [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--lt-gemms logits,grad_weight,grad_h,all,call]
-        [--out benchmarks/results/vocab_rounds.csv]
+        [--dz-stages 2,3] [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
@@ -16,6 +16,8 @@ pass 1, the default there, and with its cuBLAS one).
 --lt-gemms: `cublas_vocab_chunks` (at each --vocab-chunks size, else its rule) again with cuBLASLt as PyTorch's
 preferred BLAS library for its GEMMs of one site ("logits", "grad_weight", "grad_h"), of all three ("all"), or
 for the whole call ("call"); the default's library otherwise (its LT_GEMMS).
+--dz-stages: `cublas_vocab_chunks` (at each --vocab-chunks size, else its rule; with and without a bias) again
+with its dz kernels' loops software-pipelined that deep (DZ_STAGES; 0 is the plain loop).
 Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
 PyTorch one ("torch bias=None"), the baseline of those twins.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
@@ -107,6 +109,19 @@ def with_lt_gemms(fn, sites: str):
     return run
 
 
+def with_dz_stages(fn, stages: int):
+    """fn with cublas_vocab_chunks' DZ_STAGES set while its call is prepared (fn's config must be its own, so
+    the prepared call is too) and put back after."""
+    def run():
+        old = vchunks.DZ_STAGES
+        vchunks.DZ_STAGES = stages
+        try:
+            return fn()
+        finally:
+            vchunks.DZ_STAGES = old
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="4096:4096:128256", help="N:D:V")
@@ -116,6 +131,7 @@ def main():
     ap.add_argument("--paths", default="", help=f"other vocabulary paths at their own chunk rule, of {', '.join(VOCAB_PATHS)}")
     ap.add_argument("--lt-gemms", default="", help="cublas_vocab_chunks with cuBLASLt for GEMMs of these sites, "
                     f"of {', '.join(LT_SITES)}, all, call")
+    ap.add_argument("--dz-stages", default="", help="cublas_vocab_chunks with its dz loops pipelined this deep")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
@@ -132,6 +148,11 @@ def main():
     lt_gemms = [x for x in args.lt_gemms.split(",") if x]
     if any(x not in LT_SITES + ("all", "call") for x in lt_gemms):
         ap.error(f"--lt-gemms: expected some of {', '.join(LT_SITES)}, all, call, got {args.lt_gemms!r}")
+    try:
+        dz_stages = [int(x) for x in args.dz_stages.split(",") if x]
+        assert min(dz_stages, default=0) >= 0
+    except (ValueError, AssertionError):
+        ap.error(f"--dz-stages: expected non-negative integers, got {args.dz_stages!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -162,6 +183,11 @@ def main():
         for sites in lt_gemms:
             variants[f"ours-cublas_vocab_chunks{at} cuBLASLt={sites}"] = with_lt_gemms(
                 ours_fn("ce", h, w, b, y, cfg), sites)
+        for st in dz_stages:  # (each its own config: DZ_STAGES is read when a call is prepared)
+            for bb, tail in ((b, ""), (None, " bias=None")):
+                cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
+                variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_dz_stages(
+                    ours_fn("ce", h, w, bb, y, cfg), st)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate

@@ -135,25 +135,40 @@ def row_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, C, stride_
 
 
 @triton.jit
+def dz_row_block(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r0, r_hi, acc, HAS_BIAS: tl.constexpr,
+                 BLOCK_R: tl.constexpr):
+    # dz_rows' step: rows [r0, r0 + BLOCK_R) below r_hi; returns acc plus their dz (HAS_BIAS)
+    rows = r0 + tl.arange(0, BLOCK_R)
+    mr = rows < r_hi
+    lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
+    f = tl.load(lse_ptr + R + rows, mask=mr, other=0.0)
+    t = tl.load(y_ptr + rows, mask=mr, other=-1)
+    ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
+    m = mr[:, None] & mc[None, :]
+    z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32) + bias[None, :]
+    dz = ce_dz(z, f[:, None], lse2[:, None], classes[None, :] == t[:, None])
+    tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
+    if HAS_BIAS:
+        acc += tl.where(m, dz, 0.0)
+    return acc
+
+
+@triton.jit
 def dz_rows(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r_lo, r_hi, HAS_BIAS: tl.constexpr,
-            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr = 0):
     # dz = f (softmax - onehot(t)) over z in place for rows [r_lo, r_hi) and z's columns cols (classes: their class
     # ids; mc: in range), from each row's base-2 lse at lse_ptr[r] and factor at lse_ptr[R + r] (row_lse_kernel's
-    # outputs); returns the columns' sums of dz in fp32 before dz is rounded, rows in a fixed order (HAS_BIAS)
+    # outputs); returns the columns' sums of dz in fp32 before dz is rounded, rows in a fixed order (HAS_BIAS).
+    # STAGES > 0: the row loop software-pipelined that deep (loads of later blocks in flight), 0: a plain loop
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for r0 in range(r_lo, r_hi, BLOCK_R):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        mr = rows < r_hi
-        lse2 = tl.load(lse_ptr + rows, mask=mr, other=0.0)
-        f = tl.load(lse_ptr + R + rows, mask=mr, other=0.0)
-        t = tl.load(y_ptr + rows, mask=mr, other=-1)
-        ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :]
-        m = mr[:, None] & mc[None, :]
-        z = tl.load(ptrs, mask=m, other=0.0).to(tl.float32) + bias[None, :]
-        dz = ce_dz(z, f[:, None], lse2[:, None], classes[None, :] == t[:, None])
-        tl.store(ptrs, dz.to(z_ptr.dtype.element_ty), mask=m)
-        if HAS_BIAS:
-            acc += tl.where(m, dz, 0.0)
+    if STAGES > 0:
+        for r0 in tl.range(r_lo, r_hi, BLOCK_R, num_stages=STAGES):
+            acc = dz_row_block(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r0, r_hi, acc,
+                               HAS_BIAS, BLOCK_R)
+    else:
+        for r0 in range(r_lo, r_hi, BLOCK_R):
+            acc = dz_row_block(z_ptr, y_ptr, lse_ptr, R, stride_z, cols, classes, mc, bias, r0, r_hi, acc,
+                               HAS_BIAS, BLOCK_R)
     return tl.sum(acc, 0)
 
 

@@ -53,6 +53,8 @@ __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_ba
 VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
 # dz_band_kernel's tile (rows, columns, warps), without a bias
 VDZ_BAND_TILE = (8, 512, 4)
+# the dz kernels' loop pipelining depth (dz_rows' STAGES; 0: a plain loop; read when a call is prepared)
+DZ_STAGES = 0
 # the GEMM sites of a call, and those (LT_GEMMS) to compute with cuBLASLt as PyTorch's preferred BLAS library (set
 # for those calls alone and put back; read when a call runs), none by default: for the logits alone both libraries
 # pick the same kernels on an H200 and an H100, so the switch only cost host time; cuBLASLt preferred for the
@@ -104,7 +106,8 @@ def chunk_lse_kernel(z_ptr, b_ptr, y_ptr, scale_ptr, loss_ptr, lse_ptr, v0, n, N
 
 @triton.jit
 def dz_split_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per, stride_z,
-                    HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                    STAGES: tl.constexpr = 0):
     # dz over z in place for classes v0 + [pid0 * BLOCK_C, +BLOCK_C) of the chunk and rows [pid1 * rows_per,
     # +rows_per); with a bias, their column sums of dz in fp32 to part_ptr[pid1, class] (summed by
     # colsum_loss_kernel in a fixed order)
@@ -116,17 +119,28 @@ def dz_split_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_pe
         bias = tl.load(b_ptr + classes, mask=mc, other=0.0).to(tl.float32)
     r_lo = tl.program_id(1) * rows_per
     r_hi = tl.minimum(r_lo + rows_per, N)
-    col = dz_rows(z_ptr, y_ptr, lse_ptr, N, stride_z, cols, classes, mc, bias, r_lo, r_hi, HAS_BIAS, BLOCK_R, BLOCK_C)
+    col = dz_rows(z_ptr, y_ptr, lse_ptr, N, stride_z, cols, classes, mc, bias, r_lo, r_hi, HAS_BIAS, BLOCK_R, BLOCK_C,
+                  STAGES)
     if HAS_BIAS:
         tl.store(part_ptr + tl.program_id(1) * C + classes, col, mask=mc)
 
 
 @triton.jit
+def dz_band_block(base, tc, lse2, f, mr, c0, n, BLOCK_C: tl.constexpr):
+    # dz_band_kernel's step: its rows' classes [c0, c0 + BLOCK_C) below n
+    cols = c0 + tl.arange(0, BLOCK_C)
+    m = mr[:, None] & (cols < n)[None, :]
+    z = tl.load(base + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    dz = ce_dz(z, f[:, None], lse2[:, None], cols[None, :] == tc[:, None])
+    tl.store(base + cols[None, :], dz.to(base.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def dz_band_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per, stride_z,
-                   HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr = 0):
     # without a bias (no column sums): dz over z in place for rows [pid * BLOCK_R, +BLOCK_R) and the chunk's n
     # classes in blocks of BLOCK_C, so a program's loads run along its rows (dz_split_kernel's arguments, the
-    # bias, sums and split unused)
+    # bias, sums and split unused); STAGES as dz_rows'
     tl.static_assert(not HAS_BIAS)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mr = rows < N
@@ -134,12 +148,12 @@ def dz_band_kernel(z_ptr, b_ptr, y_ptr, lse_ptr, part_ptr, v0, n, N, C, rows_per
     f = tl.load(lse_ptr + N + rows, mask=mr, other=0.0)
     tc = tl.load(y_ptr + rows, mask=mr, other=-1) - v0
     base = z_ptr + rows[:, None].to(tl.int64) * stride_z
-    for c0 in range(0, n, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
-        m = mr[:, None] & (cols < n)[None, :]
-        z = tl.load(base + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        dz = ce_dz(z, f[:, None], lse2[:, None], cols[None, :] == tc[:, None])
-        tl.store(base + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=m)
+    if STAGES > 0:
+        for c0 in tl.range(0, n, BLOCK_C, num_stages=STAGES):
+            dz_band_block(base, tc, lse2, f, mr, c0, n, BLOCK_C)
+    else:
+        for c0 in range(0, n, BLOCK_C):
+            dz_band_block(base, tc, lse2, f, mr, c0, n, BLOCK_C)
 
 
 @triton.jit
@@ -234,7 +248,8 @@ class CublasVocabLaunch(CublasCall):
                 a = lse_launch(v0, n, first, last)
                 dz, grid, (r, c, wp) = ((dz_split_kernel, (-(-n // bc), S), (br, bc, dw)) if has_bias
                                         else (dz_band_kernel, -(-N // band[0]), band))
-                d = launch(dz, grid, dict(HAS_BIAS=has_bias, BLOCK_R=r, BLOCK_C=c, num_warps=wp if cuda else 1),
+                d = launch(dz, grid, dict(HAS_BIAS=has_bias, BLOCK_R=r, BLOCK_C=c, STAGES=DZ_STAGES,
+                                          num_warps=wp if cuda else 1),
                            lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
                 built[key] = (a, d)
             self.steps.append((v0, v1) + built[key])

@@ -272,6 +272,28 @@ def test_cublas_vocab_chunks_gemms_by_cublaslt(bias, monkeypatch):
             assert rel_err(a, c) < 1e-2, name
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_cublas_vocab_chunks_pipelined_dz_is_bitwise_the_plain_loop(stages, bias, monkeypatch):
+    # DZ_STAGES: the same dz per element and the same order of the column sums, only the loads issued earlier
+    import erase_triton.functional as functional
+    from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
+    g = torch.Generator(device=dev).manual_seed(0)
+    N, D, C = 3001, 256, 7000  # rows not a multiple of the dz blocks; 856 + 3 x 2048 classes
+    h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
+    w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
+    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(torch.bfloat16) if bias else None
+    y = torch.randint(0, C, (N,), device=dev, generator=g)
+    outs = []
+    for st in (0, stages):
+        monkeypatch.setattr(vc, "DZ_STAGES", st)
+        functional._FAST.clear()
+        cfg = et.LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=2048)
+        outs.append(fused_local_head(h, w, b, y, loss="ce", config=cfg))
+    for name, a, c in zip(("loss", "grad_h", "grad_weight", "grad_bias"), *outs):
+        assert (a is None and c is None) or torch.equal(a, c), name
+
+
 @pytest.mark.parametrize("path", ["cublas_vocab_chunks", "cublas_in_place"])
 def test_vocab_paths_peak_is_their_buffers(path):
     # at its peak a call holds grad_W, the fp32 grad_h sum, one chunk's logits (cublas_in_place: one block's, the

@@ -272,6 +272,16 @@ def test_cublas_vocab_chunks_launches(bias, monkeypatch, device):
         ("colsum_loss_kernel", (-(-1000 // COLSUM_BLOCK) if bias else 1,))]
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_cublas_vocab_chunks_pipelined_dz(bias, monkeypatch, device):
+    # DZ_STAGES > 0: the dz kernels' loops as tl.range(num_stages=...) (rows short of a block, a last chunk of 488
+    # classes); the reference's results (tests/test_gpu.py: bitwise the plain loop's on a GPU)
+    from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
+    monkeypatch.setattr(vc, "DZ_STAGES", 2)
+    check("ce", 300, 40, 1000, torch.float32, bias, None, device,
+          config=LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=500))
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_cublas_vocab_chunks_keeps_two_chunks_of_logits(accumulate, monkeypatch, device):
     # 1000 classes in 128s: a first chunk of 104 (what is left over), then 7 whole. Pass 2 starts with the chunks
