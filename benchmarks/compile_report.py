@@ -3,6 +3,7 @@
     python benchmarks/compile_report.py --loss ce --C 256 --D 512 [--dtype bf16] [--wdtype fp32] [--set BLOCK_N=32 ...]
     python benchmarks/compile_report.py --C 32000 --D 512 --vocab-path row_chunks [--ptx k.ptx]
     python benchmarks/compile_report.py --D 512 --lse-gemm   (cublas_vocab_chunks' Gluon pass 1 on Hopper)
+    python benchmarks/compile_report.py --dz [--no-bias] [--set STAGES=3]   (cublas_vocab_chunks' dz kernel)
 
 Builds the launch plan the library would build for a CUDA tensor of that shape (same
 constexprs, same num_warps), compiles it with Triton for an H100/H200 target and runs
@@ -85,7 +86,7 @@ def report(plan, dtype, overrides: dict, ints: dict, arch: int = 90, wdtype: str
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
     ck = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, **opts))
     return dict(kernel=fn.__name__, num_warps=warps, **_ptxas(ck, arch, ptx), shared=ck.metadata.shared, **opts,
-                mma_versions=_mma_versions(ck), async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k == "NUM_STAGES"})
+                mma_versions=_mma_versions(ck), async_copies=ck.asm["ttgir"].count("async_copy_global_to_local"), **{k: v for k, v in cx.items() if k.startswith("BLOCK") or k in ("NUM_STAGES", "STAGES")})
 
 
 def _ptxas(ck, arch: int, ptx: str | None) -> dict:
@@ -103,6 +104,15 @@ def _ptxas(ck, arch: int, ptx: str | None) -> dict:
 
 def _mma_versions(ck) -> str:
     return ",".join(sorted(set(re.findall(r"versionMajor = (\d)", ck.asm["ttgir"])))) or "-"
+
+
+def dz_plan(bias: bool):
+    """cublas_vocab_chunks' dz kernel as the library launches it: dz_split_kernel with a bias, else
+    dz_band_kernel, at its tile and DZ_STAGES (--set STAGES=N for another depth)."""
+    from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
+    kernel, (r, c, warps) = (vc.dz_split_kernel, vc.VDZ_TILE) if bias else (vc.dz_band_kernel, vc.VDZ_BAND_TILE)
+    return kplan._Plan(kernel, "cublas_vocab_chunks", dict(HAS_BIAS=bias, BLOCK_R=r, BLOCK_C=c, STAGES=vc.DZ_STAGES),
+                       warps)
 
 
 def lse_gemm_report(D: int, arch: int = 90, ptx: str | None = None, bias: bool = True) -> dict:
@@ -144,15 +154,22 @@ def main():
     ap.add_argument("--ptx", default=None, metavar="PATH", help="also write the kernel's PTX to PATH")
     ap.add_argument("--lse-gemm", action="store_true",
                     help="report cublas_vocab_chunks' Gluon lse kernel (bf16, --D) instead")
-    ap.add_argument("--no-bias", action="store_true", help="with --lse-gemm: the kernel of a head without a bias")
+    ap.add_argument("--dz", action="store_true",
+                    help="report cublas_vocab_chunks' dz kernel (--dtype; --C classes a chunk) instead")
+    ap.add_argument("--no-bias", action="store_true",
+                    help="with --lse-gemm or --dz: the kernel of a head without a bias")
     args = ap.parse_args()
     if args.lse_gemm:
         r = lse_gemm_report(args.D, ptx=args.ptx, bias=not args.no_bias)
         print(" ".join(f"{k}={v}" for k, v in r.items()))
         return 0
-    plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic, args.vocab_path)
+    if args.dz:
+        plan = dz_plan(not args.no_bias)
+    else:
+        plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic,
+                               args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
-    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
+    ints = dict(D=args.D, C=args.C, n=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
     r = report(plan, args.dtype, over, ints, wdtype=args.wdtype, ptx=args.ptx)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0

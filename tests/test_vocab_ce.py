@@ -519,6 +519,21 @@ def test_lse_gemm_kernel_compiles_for_hopper_without_spills(D, bias):
     assert int(got["shared"]) <= 227 * 1024 and int(got["threads"]) * int(got["regs"]) <= 65536
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_pipelined_dz_compiles_to_async_copies_for_hopper(bias):
+    # what DZ_STAGES changes on the device (the interpreter ignores num_stages): the default's dz loop issues
+    # plain loads; at 3 stages its loads of z become cp.async copies into shared memory, without spills
+    from test_local_head import _compile_report
+    got = {}
+    for st in (0, 3):
+        r = _compile_report("--dz", "--C", "2816", *([] if bias else ["--no-bias"]), "--set", f"STAGES={st}")
+        assert r.returncode == 0 and "regs=" in r.stdout, r.stderr[-800:]
+        got[st] = dict(kv.split("=", 1) for kv in r.stdout.split())
+        assert got[st]["STAGES"] == str(st) and int(got[st]["spill_bytes"]) == 0
+    assert int(got[0]["async_copies"]) == 0 and int(got[3]["async_copies"]) > 0
+    assert int(got[3]["shared"]) <= 227 * 1024
+
+
 @pytest.mark.parametrize("classes", [None, 700])
 def test_lse_gemm_hands_its_kernel_the_scratch_and_merges_it(classes, monkeypatch, device):
     # LseGemm's host side on the CPU, with a stand-in for the Gluon kernel that writes what the kernel would (each
