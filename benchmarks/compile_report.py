@@ -169,7 +169,9 @@ def main():
         plan = plan_constexprs(args.loss, args.C, args.D, args.dtype, args.occupancy, args.deterministic,
                                args.vocab_path)
     over = dict(kv.split("=", 1) for kv in args.set)
-    ints = dict(D=args.D, C=args.C, n=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
+    ints = dict(D=args.D, C=args.C, stride_h=args.D, stride_z=args.C, stride_g=-(-(args.C * args.D + args.C + 1) // 16) * 16, chunk=2048)
+    if args.dz:  # (a chunk of --C classes: its width, as the JIT specializes it)
+        ints["n"] = args.C
     r = report(plan, args.dtype, over, ints, wdtype=args.wdtype, ptx=args.ptx)
     print(" ".join(f"{k}={v}" for k, v in r.items()))
     return 0
