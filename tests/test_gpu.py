@@ -278,12 +278,9 @@ def test_cublas_vocab_chunks_pipelined_dz_is_bitwise_the_plain_loop(stages, bias
     # DZ_STAGES: the same dz per element and the same order of the column sums, only the loads issued earlier
     import erase_triton.functional as functional
     from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
-    g = torch.Generator(device=dev).manual_seed(0)
-    N, D, C = 3001, 256, 7000  # rows not a multiple of the dz blocks; 856 + 3 x 2048 classes
-    h = torch.randn(N, D, device=dev, generator=g).to(torch.bfloat16)
-    w = (torch.randn(C, D, device=dev, generator=g) / D ** 0.5).to(torch.bfloat16)
-    b = (torch.randn(C, device=dev, generator=g) * 0.1).to(torch.bfloat16) if bias else None
-    y = torch.randint(0, C, (N,), device=dev, generator=g)
+    from head_checks import make
+    # rows not a multiple of the dz blocks, some ignored; 856 + 3 x 2048 classes
+    h, w, b, y = make("ce", 3001, 256, 7000, torch.bfloat16, bias, dev)
     outs = []
     for st in (0, stages):
         monkeypatch.setattr(vc, "DZ_STAGES", st)
