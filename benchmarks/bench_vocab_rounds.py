@@ -74,16 +74,17 @@ def graphed(fn):
     return g
 
 
-def without_lse_gemm(fn):
-    """fn with cublas_vocab_chunks' Gluon pass 1 off when its call is prepared (kernels/vocab_ce_lse_gemm.py):
-    the cuBLAS GEMM and chunk_lse_kernel a chunk instead. (A chunk_size of its own keeps its prepared call apart
-    from the default's.)"""
+def with_setting(fn, module, name, value):
+    """fn with module.name set to value for its call (a switch read when a call is prepared or runs) and put
+    back after it. A switch read when a call is prepared needs fn's config to be its own, so its prepared call
+    is too (the fast path keys on the config)."""
     def run():
-        lse_gemm.ENABLED = False
+        old = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn()
         finally:
-            lse_gemm.ENABLED = True
+            setattr(module, name, old)
     return run
 
 
@@ -94,31 +95,18 @@ def with_lt_gemms(fn, sites: str):
     """fn with cublas_vocab_chunks' GEMMs of `sites` (one of LT_SITES, "all" or "call") computed with cuBLASLt
     preferred: LT_GEMMS set for the call, or for "call" the preference set around the whole call; both put
     back after it (a graph captured meanwhile keeps the kernels chosen)."""
+    if sites != "call":
+        return with_setting(fn, vchunks, "LT_GEMMS", frozenset(LT_SITES if sites == "all" else (sites,)))
+
+    inner = with_setting(fn, vchunks, "LT_GEMMS", frozenset())
+
     def run():
-        old, prev = vchunks.LT_GEMMS, torch._C._get_blas_preferred_backend()
-        if sites == "call":
-            vchunks.LT_GEMMS = frozenset()
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-        else:
-            vchunks.LT_GEMMS = frozenset(LT_SITES if sites == "all" else (sites,))
+        prev = torch._C._get_blas_preferred_backend()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
         try:
-            return fn()
+            return inner()
         finally:
-            vchunks.LT_GEMMS = old
             torch._C._set_blas_preferred_backend(prev)
-    return run
-
-
-def with_dz_stages(fn, stages: int):
-    """fn with cublas_vocab_chunks' DZ_STAGES set while its call is prepared (fn's config must be its own, so
-    the prepared call is too) and put back after."""
-    def run():
-        old = vchunks.DZ_STAGES
-        vchunks.DZ_STAGES = stages
-        try:
-            return fn()
-        finally:
-            vchunks.DZ_STAGES = old
     return run
 
 
@@ -170,8 +158,10 @@ def main():
         if p == "cublas_vocab_chunks" and lse_gemm.usable(h.device, h.dtype, D):  # Hopper: also its cuBLAS pass 1
             chunk = kplan.chunk_size_for(p, N, C, D, 2, 2, kplan.CUBLAS_COLUMN_TILE, LaunchConfig(),
                                          share=kplan.CUBLAS_VOCAB_SCRATCH_SHARE)
-            variants[f"ours-{p} cuBLAS pass 1"] = without_lse_gemm(
-                ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p, chunk_size=chunk)))
+            # (the Gluon pass off when the call is prepared: the cuBLAS GEMM and chunk_lse_kernel a chunk; a
+            # chunk_size of its own keeps its prepared call apart from the default's)
+            variants[f"ours-{p} cuBLAS pass 1"] = with_setting(
+                ours_fn("ce", h, w, b, y, LaunchConfig(vocab_path=p, chunk_size=chunk)), lse_gemm, "ENABLED", False)
     for cs in vocab_chunks:
         cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
         variants[f"ours-cublas_vocab_chunks chunk_size={cs}"] = ours_fn("ce", h, w, b, y, cfg)
@@ -186,8 +176,8 @@ def main():
         for st in dz_stages:  # (each its own config: DZ_STAGES is read when a call is prepared)
             for bb, tail in ((b, ""), (None, " bias=None")):
                 cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
-                variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_dz_stages(
-                    ours_fn("ce", h, w, bb, y, cfg), st)
+                variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_setting(
+                    ours_fn("ce", h, w, bb, y, cfg), vchunks, "DZ_STAGES", st)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
