@@ -53,12 +53,13 @@ __all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_ba
 VLSE_BLOCK, DZ_SPLITS, VDZ_TILE, COLSUM_BLOCK = 1024, 8, (64, 64, 4), 1024
 # dz_band_kernel's tile (rows, columns, warps), without a bias
 VDZ_BAND_TILE = (8, 512, 4)
-# the dz kernels' loop pipelining depth (dz_rows' STAGES; 0: a plain loop; read when a call is prepared)
+# the dz kernels' loop pipelining depth (dz_rows' STAGES; 0: a plain loop; read when a call is prepared): 2-4 no
+# faster in the call on an H100, dz_split_kernel alone slower (docs/tuning.md; for A/B runs on other GPUs)
 DZ_STAGES = 0
 # the GEMM sites of a call, and those (LT_GEMMS) to compute with cuBLASLt as PyTorch's preferred BLAS library (set
 # for those calls alone and put back; read when a call runs), none by default: for the logits alone both libraries
 # pick the same kernels on an H200 and an H100, so the switch only cost host time; cuBLASLt preferred for the
-# whole call was faster on an H200, from sites not yet told apart (docs/tuning.md; for A/B runs)
+# whole call was faster on an H200, no site was on an H100 (docs/tuning.md; for A/B runs)
 LT_SITES = ("logits", "grad_weight", "grad_h")
 LT_GEMMS = frozenset()
 _LT = getattr(getattr(torch._C, "_BlasBackend", None), "Cublaslt", None)
