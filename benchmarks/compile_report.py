@@ -110,7 +110,7 @@ def dz_plan(bias: bool):
     """cublas_vocab_chunks' dz kernel as the library launches it: dz_split_kernel with a bias, else
     dz_band_kernel, at its tile and DZ_STAGES (--set STAGES=N for another depth)."""
     from erase_triton.kernels import vocab_ce_cublas_vocab_chunks as vc
-    kernel, (r, c, warps) = (vc.dz_split_kernel, vc.VDZ_TILE) if bias else (vc.dz_band_kernel, vc.VDZ_BAND_TILE)
+    kernel, (r, c, warps) = vc.dz_kernel(bias)
     return kplan._Plan(kernel, "cublas_vocab_chunks", dict(HAS_BIAS=bias, BLOCK_R=r, BLOCK_C=c, STAGES=vc.DZ_STAGES),
                        warps)
 

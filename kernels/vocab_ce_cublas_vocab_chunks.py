@@ -45,7 +45,8 @@ from .common import ce_rows, grad_scale
 from . import vocab_ce_lse_gemm
 from .vocab_ce_cublas import LN2, LSE_GROUP, LSE_WARPS, CublasCall, ce_dz, dz_rows, loss_total, row_max_sum
 
-__all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_band_kernel", "dz_split_kernel"]
+__all__ = ["CublasVocabLaunch", "chunk_lse_kernel", "colsum_loss_kernel", "dz_band_kernel", "dz_kernel",
+           "dz_split_kernel"]
 
 # chunk_lse_kernel's block (columns a load); dz_split_kernel's blocks of rows per block of columns and its tile;
 # of those tried at (4096, 512, 32000) bf16 on an H100 the fastest (blocks 1024-4096 level; 4, 8 and 16 splits;
@@ -175,6 +176,12 @@ def colsum_loss_kernel(part_ptr, S, C, grad_bias_ptr, rows_loss_ptr, N, scale_pt
         loss_total(rows_loss_ptr, N, scale_ptr, loss_ptr, MEAN)
 
 
+def dz_kernel(has_bias: bool, dz_tile: tuple | None = None):
+    """The dz kernel a chunk runs and its tile (rows, columns, warps): dz_split_kernel with a bias (it also
+    writes the column sums), else dz_band_kernel."""
+    return (dz_split_kernel, dz_tile or VDZ_TILE) if has_bias else (dz_band_kernel, dz_tile or VDZ_BAND_TILE)
+
+
 class CublasVocabLaunch(CublasCall):
     """One vocab_path="cublas_vocab_chunks" head call with everything but the tensors fixed; called like
     `plan.HeadLaunch`: (h, weight, bias, y, grad_weight, grad_bias, act=None) -> (loss, grad_h).
@@ -198,8 +205,8 @@ class CublasVocabLaunch(CublasCall):
         self.N, self.C, self.chunk, self.mean, self.ignore_index, self.relu = N, C, V, mean, ignore_index, relu
         self.accumulate, self.has_bias, self.poison = accumulate, has_bias, poison
         cuda = example is not None
-        br, bc, dw = dz_tile or VDZ_TILE
-        band = dz_tile or VDZ_BAND_TILE
+        br = (dz_tile or VDZ_TILE)[0]
+        dz, (r, c, wp) = dz_kernel(has_bias, dz_tile)
         rows_per = -(-N // (splits or DZ_SPLITS))
         rows_per = -(-rows_per // br) * br
         S = -(-N // rows_per)
@@ -247,8 +254,7 @@ class CublasVocabLaunch(CublasCall):
             key = (n, first, last, v0 % 16 == 0)
             if key not in built:
                 a = lse_launch(v0, n, first, last)
-                dz, grid, (r, c, wp) = ((dz_split_kernel, (-(-n // bc), S), (br, bc, dw)) if has_bias
-                                        else (dz_band_kernel, -(-N // band[0]), band))
+                grid = (-(-n // c), S) if has_bias else -(-N // r)
                 d = launch(dz, grid, dict(HAS_BIAS=has_bias, BLOCK_R=r, BLOCK_C=c, STAGES=DZ_STAGES,
                                           num_warps=wp if cuda else 1),
                            lambda n=n, v0=v0: (hdt, b_ex, y, f32, f32, v0, n, N, C, rows_per, n))
