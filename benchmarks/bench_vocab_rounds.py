@@ -3,7 +3,7 @@ bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
         [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--lt-gemms logits,grad_weight,grad_h,all,call]
-        [--dz-stages 2,3] [--out benchmarks/results/vocab_rounds.csv]
+        [--dz-stages 2,3] [--dz-tiles 64x128x8] [--dz-band-tiles 16x512x8] [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
@@ -18,6 +18,9 @@ preferred BLAS library for its GEMMs of one site ("logits", "grad_weight", "grad
 for the whole call ("call"); the default's library otherwise (its LT_GEMMS).
 --dz-stages: `cublas_vocab_chunks` (at each --vocab-chunks size, else its rule; with and without a bias) again
 with its dz kernels' loops software-pipelined that deep (DZ_STAGES; 0 is the plain loop).
+--dz-tiles, --dz-band-tiles: `cublas_vocab_chunks` (at each --vocab-chunks size, else its rule) again with its
+dz kernel's tile, ROWSxCOLUMNSxWARPS: with a bias dz_split_kernel's (VDZ_TILE), without one dz_band_kernel's
+(VDZ_BAND_TILE).
 Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
 PyTorch one ("torch bias=None"), the baseline of those twins.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
@@ -120,6 +123,9 @@ def main():
     ap.add_argument("--lt-gemms", default="", help="cublas_vocab_chunks with cuBLASLt for GEMMs of these sites, "
                     f"of {', '.join(LT_SITES)}, all, call")
     ap.add_argument("--dz-stages", default="", help="cublas_vocab_chunks with its dz loops pipelined this deep")
+    ap.add_argument("--dz-tiles", default="", help="cublas_vocab_chunks with these dz_split_kernel tiles, RxCxW")
+    ap.add_argument("--dz-band-tiles", default="", help="cublas_vocab_chunks without a bias with these "
+                    "dz_band_kernel tiles, RxCxW")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
@@ -141,6 +147,14 @@ def main():
         assert min(dz_stages, default=0) >= 0
     except (ValueError, AssertionError):
         ap.error(f"--dz-stages: expected non-negative integers, got {args.dz_stages!r}")
+    dz_tiles = {}
+    for opt, name in (("dz_tiles", "VDZ_TILE"), ("dz_band_tiles", "VDZ_BAND_TILE")):
+        try:
+            dz_tiles[name] = [tuple(int(v) for v in x.split("x")) for x in getattr(args, opt).split(",") if x]
+            assert all(len(t) == 3 and min(t) > 0 for t in dz_tiles[name])
+        except (ValueError, AssertionError):
+            ap.error(f"--{opt.replace('_', '-')}: expected tiles as ROWSxCOLUMNSxWARPS (positive integers), "
+                     f"got {getattr(args, opt)!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -178,6 +192,11 @@ def main():
                 cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
                 variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_setting(
                     ours_fn("ce", h, w, bb, y, cfg), vchunks, "DZ_STAGES", st)
+        for (name, tiles), (bb, tail) in zip(dz_tiles.items(), ((b, ""), (None, " bias=None"))):
+            for tile in tiles:  # (as DZ_STAGES: read when a call is prepared)
+                cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
+                variants[f"ours-cublas_vocab_chunks{at} dz_tile={'x'.join(map(str, tile))}{tail}"] = with_setting(
+                    ours_fn("ce", h, w, bb, y, cfg), vchunks, name, tile)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate

@@ -445,6 +445,8 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_vocab_rounds.py", ["--paths", "cublas,lean"], "--paths: expected some of recompute"),
     ("bench_vocab_rounds.py", ["--lt-gemms", "logits,dz"], "--lt-gemms: expected some of logits, grad_weight"),
     ("bench_vocab_rounds.py", ["--dz-stages", "2,-1"], "--dz-stages: expected non-negative integers"),
+    ("bench_vocab_rounds.py", ["--dz-tiles", "64x128"], "--dz-tiles: expected tiles as ROWSxCOLUMNSxWARPS"),
+    ("bench_vocab_rounds.py", ["--dz-band-tiles", "8x0x4"], "--dz-band-tiles: expected tiles as ROWSxCOLUMNS"),
     ("bench_vocab_accuracy.py", ["--shape", "64:32:256"], "--shape N:D:V (V > 512, a vocabulary head)"),
     ("bench_vocab_accuracy.py", ["--paths", "lean"], "--paths: expected some of recompute")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message, monkeypatch, capsys):
