@@ -3,7 +3,8 @@ bias) against eager PyTorch and torch.compile of the same.
 
     python benchmarks/bench_vocab_rounds.py [--shape 4096:4096:128256] [--rounds 7] [--chunks 1024,2048]
         [--vocab-chunks 2048,3072] [--paths cublas_vocab_chunks] [--lt-gemms logits,grad_weight,grad_h,all,call]
-        [--dz-stages 2,3] [--dz-tiles 64x128x8] [--dz-band-tiles 16x512x8] [--out benchmarks/results/vocab_rounds.csv]
+        [--dz-stages 2,3] [--dz-tiles 64x128x8] [--dz-band-tiles 16x512x8] [--kernels 8]
+        [--out benchmarks/results/vocab_rounds.csv]
 
 At (4096, 4096, 128256) a single run moves by +-0.7 ms with the GPU's clocks, more than the chunk sizes
 differ; every round times each variant once, in a rotated order, so the variants share the drift. Each
@@ -23,6 +24,8 @@ dz kernel's tile, ROWSxCOLUMNSxWARPS: with a bias dz_split_kernel's (VDZ_TILE), 
 (VDZ_BAND_TILE).
 Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
 PyTorch one ("torch bias=None"), the baseline of those twins.
+--kernels K: after the rounds, each variant's K costliest kernels (torch profiler over five calls: us a call,
+launches a call, the kernel's name, which names cuBLAS' tile), printed and written to <out stem>_kernels.csv.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
 peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
 estimate: a ratio within one round cancels drift slower than the round), issued and graphed; a variant
@@ -49,13 +52,26 @@ from erase_triton.kernels.launch import VOCAB_PATHS  # noqa: E402
 from erase_triton.reference import head_loss  # noqa: E402
 
 
-def kernel_ms(fn, n: int = 3) -> float:
+def kernel_table(events, n: int) -> tuple[float, dict]:
+    """(ms of kernels a call, {kernel name: [us a call, launches a call]}) from (name, us) kernel events of n
+    calls."""
+    per: dict = {}
+    for name, us in events:
+        t = per.setdefault(name, [0.0, 0.0])
+        t[0] += us / n
+        t[1] += 1 / n
+    return sum(t[0] for t in per.values()) / 1e3, per
+
+
+def kernel_times(fn, n: int = 3) -> tuple[float, dict]:
+    """kernel_table of n calls of fn under the torch profiler."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n / 1e3
+    return kernel_table([(e.name, e.device_time) for e in prof.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA], n)
 
 
 def graphed(fn):
@@ -126,6 +142,7 @@ def main():
     ap.add_argument("--dz-tiles", default="", help="cublas_vocab_chunks with these dz_split_kernel tiles, RxCxW")
     ap.add_argument("--dz-band-tiles", default="", help="cublas_vocab_chunks without a bias with these "
                     "dz_band_kernel tiles, RxCxW")
+    ap.add_argument("--kernels", type=int, default=0, help="each variant's costliest kernels, this many")
     ap.add_argument("--out", default="benchmarks/results/vocab_rounds.csv")
     args = ap.parse_args()
     try:
@@ -155,6 +172,8 @@ def main():
         except (ValueError, AssertionError):
             ap.error(f"--{opt.replace('_', '-')}: expected tiles as ROWSxCOLUMNSxWARPS (positive integers), "
                      f"got {getattr(args, opt)!r}")
+    if args.kernels < 0:
+        ap.error(f"--kernels: expected a non-negative integer, got {args.kernels}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -210,7 +229,7 @@ def main():
             fn, g = variants[name], graphs[name]
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             gms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") if g else float("nan")
-            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_ms(fn),
+            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_times(fn)[0],
                              peak_mb_cublas_warm=mb[name]))
         print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f} ({r['graphed_ms']:.2f} graphed)"
                                            for r in rows[-len(names):]), flush=True)
@@ -230,6 +249,16 @@ def main():
             s[f"graphed_over_{base}"] = statistics.median(a["graphed_ms"] / c["graphed_ms"]
                                                           for a, c in zip(per[n], ref))
         summary.append(s)
+    if args.kernels:
+        krows = []
+        for n in names:
+            _, per = kernel_times(variants[n], 5)
+            top = sorted(per.items(), key=lambda kv: -kv[1][0])[:args.kernels]
+            krows += [dict(variant=n, rank=i, us=us, launches=k, kernel=name[:160])
+                      for i, (name, (us, k)) in enumerate(top)]
+        write_csv(os.path.splitext(args.out)[0] + "_kernels.csv", krows, meta)
+        for r in krows:
+            print(f"{r['variant'][:60]:60s} {r['us']:8.1f} us x{r['launches']:5.1f}  {r['kernel'][:100]}")
     print_table(summary, ["variant", "median_ms", "min_ms", "max_ms", "graphed_ms", "kernel_ms", "peak_mb_cublas_warm",
                           "over_torch", "over_torch.compile", "graphed_over_torch", "graphed_over_torch.compile"])
 

@@ -447,6 +447,7 @@ def test_bench_quality_rebuilds_summary_from_runs(tmp_path):
     ("bench_vocab_rounds.py", ["--dz-stages", "2,-1"], "--dz-stages: expected non-negative integers"),
     ("bench_vocab_rounds.py", ["--dz-tiles", "64x128"], "--dz-tiles: expected tiles as ROWSxCOLUMNSxWARPS"),
     ("bench_vocab_rounds.py", ["--dz-band-tiles", "8x0x4"], "--dz-band-tiles: expected tiles as ROWSxCOLUMNS"),
+    ("bench_vocab_rounds.py", ["--kernels", "-1"], "--kernels: expected a non-negative integer"),
     ("bench_vocab_accuracy.py", ["--shape", "64:32:256"], "--shape N:D:V (V > 512, a vocabulary head)"),
     ("bench_vocab_accuracy.py", ["--paths", "lean"], "--paths: expected some of recompute")])
 def test_benchmark_scripts_reject_bad_arguments(script, args, message, monkeypatch, capsys):
@@ -462,6 +463,20 @@ def test_benchmark_scripts_reject_bad_arguments(script, args, message, monkeypat
         runpy.run_path(path, run_name="__main__")
     err = capsys.readouterr().err + str(ex.value.code)  # (argparse prints; sys.exit(msg) carries it)
     assert ex.value.code not in (0, None) and message in err, err[-500:]
+
+
+def test_vocab_rounds_kernel_table_is_per_call(monkeypatch):
+    # --kernels' breakdown: each kernel's time and launches a call (n calls' events), their sum in ms
+    import runpy
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "bench_vocab_rounds.py")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    kernel_table = runpy.run_path(path)["kernel_table"]
+    ms, per = kernel_table([("gemm", 30.0), ("dz", 12.0), ("gemm", 30.0), ("dz", 14.0), ("memset", 1.0)], 2)
+    assert per == {"gemm": [30.0, 1.0], "dz": [13.0, 1.0], "memset": [0.5, 0.5]}
+    assert ms == pytest.approx(0.0435)
 
 
 def test_vocab_accuracy_study_runs_on_the_cpu(tmp_path):
