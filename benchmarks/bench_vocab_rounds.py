@@ -211,7 +211,8 @@ def main():
                 cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
                 variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_setting(
                     ours_fn("ce", h, w, bb, y, cfg), vchunks, "DZ_STAGES", st)
-        for (name, tiles), (bb, tail) in zip(dz_tiles.items(), ((b, ""), (None, " bias=None"))):
+        for name, tiles in dz_tiles.items():
+            bb, tail = (b, "") if name == "VDZ_TILE" else (None, " bias=None")  # (dz_band_kernel: no bias)
             for tile in tiles:  # (as DZ_STAGES: read when a call is prepared)
                 cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
                 variants[f"ours-cublas_vocab_chunks{at} dz_tile={'x'.join(map(str, tile))}{tail}"] = with_setting(
@@ -229,8 +230,8 @@ def main():
             fn, g = variants[name], graphs[name]
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             gms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") if g else float("nan")
-            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms, kernel_ms=kernel_times(fn)[0],
-                             peak_mb_cublas_warm=mb[name]))
+            rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms,
+                             kernel_ms=kernel_times(fn)[0], peak_mb_cublas_warm=mb[name]))
         print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f} ({r['graphed_ms']:.2f} graphed)"
                                            for r in rows[-len(names):]), flush=True)
     meta = metadata()
