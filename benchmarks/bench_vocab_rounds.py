@@ -206,17 +206,17 @@ def main():
         for sites in lt_gemms:
             variants[f"ours-cublas_vocab_chunks{at} cuBLASLt={sites}"] = with_lt_gemms(
                 ours_fn("ce", h, w, b, y, cfg), sites)
-        for st in dz_stages:  # (each its own config: DZ_STAGES is read when a call is prepared)
-            for bb, tail in ((b, ""), (None, " bias=None")):
+        # switches read when a call is prepared: (label, switch, value, the biases it runs with), each variant
+        # its own config; a tile of dz_band_kernel runs only without a bias
+        prepared = [(f"dz_stages={st}", "DZ_STAGES", st, (b, None)) for st in dz_stages]
+        prepared += [(f"dz_tile={'x'.join(map(str, t))}", name, t, (b,) if name == "VDZ_TILE" else (None,))
+                     for name, tiles in dz_tiles.items() for t in tiles]
+        for label, switch, value, biases in prepared:
+            for bb in biases:
                 cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
-                variants[f"ours-cublas_vocab_chunks{at} dz_stages={st}{tail}"] = with_setting(
-                    ours_fn("ce", h, w, bb, y, cfg), vchunks, "DZ_STAGES", st)
-        for name, tiles in dz_tiles.items():
-            bb, tail = (b, "") if name == "VDZ_TILE" else (None, " bias=None")  # (dz_band_kernel: no bias)
-            for tile in tiles:  # (as DZ_STAGES: read when a call is prepared)
-                cfg = LaunchConfig(vocab_path="cublas_vocab_chunks", chunk_size=cs)
-                variants[f"ours-cublas_vocab_chunks{at} dz_tile={'x'.join(map(str, tile))}{tail}"] = with_setting(
-                    ours_fn("ce", h, w, bb, y, cfg), vchunks, name, tile)
+                tail = "" if bb is not None else " bias=None"
+                variants[f"ours-cublas_vocab_chunks{at} {label}{tail}"] = with_setting(
+                    ours_fn("ce", h, w, bb, y, cfg), vchunks, switch, value)
     variants["ours bias=None"] = ours_fn("ce", h, w, None, y)
     variants["torch bias=None"] = torch_fn("ce", h, w, None, y)
     for fn in variants.values():  # compile, plan, allocate
