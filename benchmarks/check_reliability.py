@@ -4,11 +4,18 @@
     compute-sanitizer --tool synccheck python3 benchmarks/check_reliability.py steps --no-cudnn-sdpa
     compute-sanitizer --tool memcheck  python3 benchmarks/check_reliability.py heads [--paths cublas ...]
     python3 benchmarks/check_reliability.py soak --steps 2000 --out DIR/soak.csv
+    compute-sanitizer --tool racecheck python3 benchmarks/check_reliability.py ws_switch [--barrier]
 
 steps: one eager and one captured erase step (adaptive=False: every detach point forks) of the CTR
 proxy and of the transformer, at small sizes (the sanitizer slows kernels 10-100x).
 heads: every head kernel (dense BCE/MSE, small-vocabulary CE in both grad_h forms, every vocabulary CE path;
 deterministic and atomic) at a few shapes, at occupancy 1/32 (one program can hold most of the work), 1/8 and 1.
+ws_switch: whose are the racecheck reports in cublas_vocab_chunks' Gluon pass (lse_gemm_kernel)? A
+warp-specialized Gluon kernel with no shared memory of its own: three partitions, each writing its own words of
+a global buffer, launched as that pass is ([4, 1] worker warps, its registers). Racecheck reports the same
+hazard as there (a worker's read of Triton's partition-state byte against the default partition's write of it,
+which full-CTA barriers order) when the default partition holds a barrier of its own warps (--barrier:
+`gl.thread_barrier()`, bar.sync 0, 128; the pass's SASS has 18 such), and none without it.
 soak: the CTR proxy trained with graphed and with eager erase for --steps steps; device memory
 (allocated and reserved) and the loss every 100 steps; the summary row says whether memory after
 the last step is within 1% of memory after step 100 and every loss is finite.
@@ -25,6 +32,12 @@ from erase_triton import LaunchConfig, Scheduler, fused_local_head
 from erase_triton.kernels.launch import CUBLAS_PATHS, VOCAB_PATHS
 from erase_triton.bench import ctr_workload, metadata, print_table, transformer_workload, write_csv
 from erase_triton.train import training_step
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:  # pragma: no cover
+    gluon = None
 
 
 def steps(models=("ctr", "transformer"), execs=("eager", "captured")):
@@ -111,9 +124,49 @@ def soak(n_steps: int, out: str):
     print_table(summary, ["exec", "step", "loss", "allocated_mb", "reserved_mb", "memory_flat", "loss_finite"])
 
 
+if gluon is not None:
+    @gluon.jit
+    def _ws_part(out_ptr, k: gl.constexpr, warps: gl.constexpr):
+        i = gl.arange(0, 32 * warps, layout=gl.BlockedLayout([1], [32], [warps], [0]))
+        gl.store(out_ptr + gl.program_id(0) * 1024 + k * 256 + i, i.to(gl.float32) + k)
+
+    @gluon.jit
+    def _ws_default(out_ptr, BARRIER: gl.constexpr):
+        _ws_part(out_ptr, 0, 4)
+        if BARRIER:
+            gl.thread_barrier()
+        _ws_part(out_ptr, 3, 4)
+
+    @gluon.jit
+    def _ws_worker(out_ptr):
+        _ws_part(out_ptr, 1, 4)
+
+    @gluon.jit
+    def _ws_loader(out_ptr):
+        _ws_part(out_ptr, 2, 1)
+
+    @gluon.jit
+    def ws_switch_kernel(out_ptr, BARRIER: gl.constexpr, num_warps: gl.constexpr):
+        gl.warp_specialize([(_ws_default, (out_ptr, BARRIER)), (_ws_worker, (out_ptr,)), (_ws_loader, (out_ptr,))],
+                           [4, 1], [232, 40])
+
+
+def ws_switch(barrier: bool):
+    programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    out = torch.full((programs, 4, 256), -1.0, device="cuda")
+    ws_switch_kernel[(programs,)](out, BARRIER=barrier, num_warps=4)
+    want = torch.arange(256, dtype=torch.float32, device="cuda")[None, :] + torch.arange(4, device="cuda")[:, None]
+    want[:, 128:] = -1.0  # (a partition of 4 warps writes 128 words, the loader's one warp 32)
+    want[2, 32:] = -1.0
+    ok = bool((out == want).all())
+    print(f"ws_switch barrier={barrier}: programs={programs} outputs {'as written' if ok else 'WRONG'}", flush=True)
+    if not ok:
+        raise SystemExit(1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["steps", "heads", "soak"])
+    ap.add_argument("what", choices=["steps", "heads", "soak", "ws_switch"])
     ap.add_argument("--steps", type=int, default=2000, help="soak: steps per run (a multiple of 100)")
     ap.add_argument("--out", default="soak.csv", help="soak: the CSV")
     ap.add_argument("--models", nargs="+", choices=["ctr", "transformer"], default=["ctr", "transformer"],
@@ -123,6 +176,7 @@ def main():
                     help="heads: only these kernels (small: the dense and small-vocabulary heads); default all")
     ap.add_argument("--no-cudnn-sdpa", action="store_true",
                     help="steps: keep PyTorch's attention off cuDNN (synccheck flags cuDNN's flash backward kernel)")
+    ap.add_argument("--barrier", action="store_true", help="ws_switch: a barrier of the default partition's warps")
     a = ap.parse_args()
     if a.no_cudnn_sdpa:
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -134,6 +188,10 @@ def main():
         steps(a.models, a.execs)
     elif a.what == "heads":
         heads(a.paths)
+    elif a.what == "ws_switch":
+        if gluon is None or torch.cuda.get_device_capability()[0] < 9:
+            raise SystemExit("ws_switch needs Gluon and a Hopper or newer GPU")
+        ws_switch(a.barrier)
     else:
         soak(a.steps, a.out)
 

@@ -40,7 +40,15 @@ for p in $PARTS; do
                  echo "$tool $what: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer_${tool}_${what}.txt") clean summaries)"
                  # the kernels the reports name, counted (racecheck's on the cublas path: cuBLAS split-K GEMMs)
                  grep -oE "(access|at) [A-Za-z_][A-Za-z0-9_]+\+0x" "$RES/sanitizer_${tool}_${what}.txt" | sort | uniq -c | head
-               done; done ;;
+               done; done
+               # racecheck's reports in the Gluon pass (lse_gemm_kernel) reproduced without its code: a warp-specialized
+               # kernel with and without a barrier of its default partition's warps (check_reliability.py's docstring)
+               for b in "" --barrier; do
+                 timeout 120 compute-sanitizer --tool racecheck --print-limit 10 python3 benchmarks/check_reliability.py \
+                   ws_switch $b > "$RES/sanitizer_racecheck_ws_switch${b:+_barrier}.txt" 2>&1
+                 echo "racecheck ws_switch ${b:-(no barrier)}: exit $?, $(grep -h "RACECHECK SUMMARY" \
+                   "$RES/sanitizer_racecheck_ws_switch${b:+_barrier}.txt")"
+               done ;;
     soak)      timeout ${T_SOAK:-600} python3 benchmarks/check_reliability.py soak --steps 2000 --out "$RES/soak.csv" ;;
     # dp: data parallel over every GPU here (world 1 on a one-GPU machine) and the 1-GPU reference
     dp)        timeout ${T_DP:-300} torchrun --nproc_per_node 1 benchmarks/bench_data_parallel.py --out "$RES/dp_1.csv" | tail -12
