@@ -125,6 +125,9 @@ def soak(n_steps: int, out: str):
 
 
 if gluon is not None:
+    from erase_triton.kernels import vocab_ce_lse_gemm as _lse_gemm
+    _WS_REGS = gl.constexpr([_lse_gemm.CONSUMER_REGS, _lse_gemm.LOADER_REGS])  # (the pass's, as it launches)
+
     @gluon.jit
     def _ws_part(out_ptr, k: gl.constexpr, warps: gl.constexpr):
         i = gl.arange(0, 32 * warps, layout=gl.BlockedLayout([1], [32], [warps], [0]))
@@ -148,13 +151,13 @@ if gluon is not None:
     @gluon.jit
     def ws_switch_kernel(out_ptr, BARRIER: gl.constexpr, num_warps: gl.constexpr):
         gl.warp_specialize([(_ws_default, (out_ptr, BARRIER)), (_ws_worker, (out_ptr,)), (_ws_loader, (out_ptr,))],
-                           [4, 1], [232, 40])
+                           [4, 1], _WS_REGS)
 
 
 def ws_switch(barrier: bool):
     programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     out = torch.full((programs, 4, 256), -1.0, device="cuda")
-    ws_switch_kernel[(programs,)](out, BARRIER=barrier, num_warps=4)
+    ws_switch_kernel[(programs,)](out, BARRIER=barrier, num_warps=_lse_gemm.WARPS)
     want = torch.arange(256, dtype=torch.float32, device="cuda")[None, :] + torch.arange(4, device="cuda")[:, None]
     want[:, 128:] = -1.0  # (a partition of 4 warps writes 128 words, the loader's one warp 32)
     want[2, 32:] = -1.0
