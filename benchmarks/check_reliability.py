@@ -67,7 +67,8 @@ def heads(paths=None):
              ("ce", 777, 64, 40, None, bf16), ("ce", 1000, 256, 300, None, bf16), ("ce", 256, 128, 256, None, bf16),
              ("ce", 513, 128, 5000, "recompute", bf16), ("ce", 513, 128, 5000, "vocab_chunks", bf16),
              ("ce", 513, 128, 5000, "row_chunks", bf16), ("ce", 513, 128, 5000, "cublas", bf16),
-             ("ce", 513, 128, 5000, "cublas_vocab_chunks", bf16)]
+             ("ce", 513, 128, 5000, "cublas_vocab_chunks", bf16),
+             ("ce", 200, 256, 5000, "cublas_in_place", bf16)]  # (at most D rows: the logits in grad_W's memory)
     for loss, N, D, C, path, dt in cases:
         if paths is not None and (path or "small") not in paths:
             continue
