@@ -24,8 +24,9 @@ dz kernel's tile, ROWSxCOLUMNSxWARPS: with a bias dz_split_kernel's (VDZ_TILE), 
 (VDZ_BAND_TILE).
 Each variant without a bias (the default, and each --vocab-chunks size) has a twin "... bias=None", and eager
 PyTorch one ("torch bias=None"), the baseline of those twins.
---kernels K: after the rounds, each variant's K costliest kernels (torch profiler over five calls: us a call,
-launches a call, the kernel's name, which names cuBLAS' tile), printed and written to <out stem>_kernels.csv.
+--kernels K: after the rounds, each variant's K costliest kernels (the torch profiler's calls of every round,
+those kernel_ms comes from: us a call, launches a call, the kernel's name, which names cuBLAS' tile), printed and
+written to <out stem>_kernels.csv.
 The summary: medians and ranges, peak memory of one call (where cuBLAS already ran, as bench_local_head's
 peak_mb_cublas_warm), and the median over rounds of each over eager and over torch.compile (a paired
 estimate: a ratio within one round cancels drift slower than the round), issued and graphed; a variant
@@ -63,15 +64,17 @@ def kernel_table(events, n: int) -> tuple[float, dict]:
     return sum(t[0] for t in per.values()) / 1e3, per
 
 
-def kernel_times(fn, n: int = 3) -> tuple[float, dict]:
-    """kernel_table of n calls of fn under the torch profiler."""
+PROFILED_CALLS = 3  # calls profiled a variant a round (kernel_ms; --kernels' breakdown over every round's)
+
+
+def kernel_events(fn, n: int = PROFILED_CALLS) -> list:
+    """(name, us) of every kernel of n calls of fn under the torch profiler."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
-    return kernel_table([(e.name, e.device_time) for e in prof.events()
-                         if e.device_type == torch.autograd.DeviceType.CUDA], n)
+    return [(e.name, e.device_time) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def graphed(fn):
@@ -224,14 +227,16 @@ def main():
     mb = {name: peak_mb(fn, fresh_stream=True, cublas_warm=True) for name, fn in variants.items()}
     graphs = {name: graphed(fn) for name, fn in variants.items()}
     names = list(variants)
-    rows = []
+    rows, profiled = [], {name: [] for name in names}
     for rnd in range(args.rounds):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             fn, g = variants[name], graphs[name]
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             gms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") if g else float("nan")
+            events = kernel_events(fn)
+            profiled[name] += events  # (the rounds' profiles also give --kernels' breakdown)
             rows.append(dict(N=N, D=D, C=C, round=rnd, variant=name, ms=ms, graphed_ms=gms,
-                             kernel_ms=kernel_times(fn)[0], peak_mb_cublas_warm=mb[name]))
+                             kernel_ms=kernel_table(events, PROFILED_CALLS)[0], peak_mb_cublas_warm=mb[name]))
         print(f"round {rnd}: " + ", ".join(f"{r['variant']} {r['ms']:.2f} ({r['graphed_ms']:.2f} graphed)"
                                            for r in rows[-len(names):]), flush=True)
     meta = metadata()
@@ -253,8 +258,8 @@ def main():
     if args.kernels:
         krows = []
         for n in names:
-            _, per = kernel_times(variants[n], 5)
-            top = sorted(per.items(), key=lambda kv: -kv[1][0])[:args.kernels]
+            _, table = kernel_table(profiled[n], PROFILED_CALLS * args.rounds)
+            top = sorted(table.items(), key=lambda kv: -kv[1][0])[:args.kernels]
             krows += [dict(variant=n, rank=i, us=us, launches=k, kernel=name[:160])
                       for i, (name, (us, k)) in enumerate(top)]
         write_csv(os.path.splitext(args.out)[0] + "_kernels.csv", krows, meta)
